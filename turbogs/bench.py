@@ -1,0 +1,780 @@
+"""`turbogs bench`: train presets side by side and compare their time to quality.
+
+Every preset trains on the same scene load (same train/test split, resolution and seed)
+with the same `Trainer` that `turbogs train` uses. Only the training steps are timed:
+building the trainer, evaluating and writing files are outside the clock, and on CUDA
+the clock is read only after the GPU has finished the step. At fixed points of the run
+the test views are evaluated (PSNR, SSIM, and LPIPS when its weights are on disk).
+
+Two ways to size a run:
+
+- `--steps N`: every preset gets the preset's schedule shrunk to N steps
+  (`TrainConfig.scaled_to(N)`); evaluations at every N/K steps.
+- `--budget-seconds S`: every preset runs *its own* schedule (the preset's step count,
+  learning-rate decay and densification timing, unchanged) and stops when S seconds of
+  training time are spent, or earlier when the schedule ends. So a curve shows what a
+  recipe, as designed, reaches by each second. Evaluations when the training time
+  passes S/K, 2S/K, ..., S.
+
+Outputs in --out: bench.json, bench.md (tables) and psnr_vs_time.png (one curve per
+preset, drawn with OpenCV). `--step-cost` instead measures seconds per
+render + loss + backward with 100%, 50% and 25% of the tiles rendered (step_cost.json).
+
+Peak memory is the growth over what was in use before the preset started: on CUDA
+torch's peak allocated bytes; on the CPU the peak resident set size, sampled after
+every step and evaluation (the kernel's own peak, VmHWM, cannot be reset between
+presets). On the CPU it is approximate: memory freed by an earlier preset can be reused
+by the allocator without showing as growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import cv2
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from turbogs.atomic import atomic_path, atomic_write_json, atomic_write_text
+from turbogs.config import PRESETS, TrainConfig, get_preset
+from turbogs.data.scene import Scene
+from turbogs.errors import InputError, TurboGSError
+from turbogs.evaluate import evaluate_views
+from turbogs.gaussians import Gaussians
+from turbogs.train import RunOptions, Trainer, initial_gaussians
+
+PSNR_TOLERANCE_DB = 0.1  # "reached b's final PSNR" means within this much of it
+STEP_COST_FRACTIONS = (1.0, 0.5, 0.25)
+WARMUP_STEPS = 3  # untimed steps before the first preset on CUDA (context, kernels, allocator)
+
+
+# --- settings -----------------------------------------------------------------------
+
+
+@dataclass
+class BenchSettings:
+    scene: Path
+    presets: List[str]
+    out_dir: Path
+    steps: Optional[int] = None  # exactly one of steps / budget_seconds
+    budget_seconds: Optional[float] = None
+    resolution: Optional[int] = None
+    images: str = "images"
+    white_background: bool = False
+    device: torch.device = torch.device("cpu")
+    seed: int = 0
+    eval_points: int = 8
+    progress: bool = True
+    command: str = ""
+    log: Callable[[str], None] = print
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.budget_seconds is None):
+            raise InputError("bench: give exactly one of --steps N and --budget-seconds S")
+        if not self.presets:
+            raise InputError("bench: --presets names no preset")
+        duplicates = sorted({name for name in self.presets if self.presets.count(name) > 1})
+        if duplicates:
+            raise InputError(f"bench: preset {duplicates[0]!r} is listed twice in --presets")
+        for name in self.presets:
+            get_preset(name)  # raises naming the known presets
+
+
+def parse_presets(text: str) -> List[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+# --- timing and memory --------------------------------------------------------------
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a clock read after it includes that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_step(trainer: Trainer) -> float:
+    """One training step, as `Trainer.run` takes it; returns its seconds (GPU work
+    included) and adds them to `trainer.elapsed`, the run's training clock."""
+    started = time.perf_counter()
+    trainer.train_step()
+    trainer.step += 1
+    synchronize(trainer.device)
+    seconds = time.perf_counter() - started
+    trainer.elapsed += seconds
+    return seconds
+
+
+def resident_bytes() -> Optional[int]:
+    """This process's resident set size from /proc (Linux); None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryMeter:
+    """Peak memory growth of one preset (see the module docstring for what is measured)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.kind = "cuda_max_allocated" if device.type == "cuda" else "cpu_rss_growth"
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline = torch.cuda.memory_allocated(device)
+        else:
+            self.baseline = resident_bytes()
+        self.peak = self.baseline
+
+    def sample(self) -> None:
+        if self.device.type != "cuda" and self.baseline is not None:
+            self.peak = max(self.peak, resident_bytes() or 0)
+
+    def peak_growth(self) -> Optional[int]:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        if self.baseline is None:
+            return None
+        return int(max(self.peak - self.baseline, 0))
+
+
+# --- when to evaluate ---------------------------------------------------------------
+
+
+class EvalMarks:
+    """Marks of training progress (steps or seconds) at which to evaluate, in order."""
+
+    def __init__(self, marks: Sequence[float], by: str):
+        self.marks, self.by = sorted(marks), by
+
+    @classmethod
+    def every_steps(cls, steps: int, count: int) -> "EvalMarks":
+        return cls(sorted({max(1, round(steps * i / count)) for i in range(1, count + 1)}), "step")
+
+    @classmethod
+    def every_seconds(cls, seconds: float, count: int) -> "EvalMarks":
+        return cls([seconds * i / count for i in range(1, count + 1)], "seconds")
+
+    def due(self, step: int, seconds: float) -> bool:
+        """True once per passed mark; a step that passes several marks evaluates once."""
+        value = step if self.by == "step" else seconds
+        passed = False
+        while self.marks and value >= self.marks[0]:
+            self.marks.pop(0)
+            passed = True
+        return passed
+
+
+# --- the speedup maths --------------------------------------------------------------
+
+
+def time_to_psnr(points: Sequence[dict], threshold: float) -> Optional[float]:
+    """Training seconds at which the PSNR curve first reaches `threshold`, interpolating
+    linearly between evaluation points; None if it never does."""
+    points = sorted((p for p in points if p.get("psnr") is not None), key=lambda p: p["seconds"])
+    if not points:
+        return None
+    if points[0]["psnr"] >= threshold:
+        return float(points[0]["seconds"])
+    for before, after in zip(points, points[1:]):
+        if before["psnr"] < threshold <= after["psnr"]:
+            share = (threshold - before["psnr"]) / (after["psnr"] - before["psnr"])
+            return float(before["seconds"] + share * (after["seconds"] - before["seconds"]))
+    return None
+
+
+def speedups(points_by_preset: Dict[str, Sequence[dict]], tolerance: float = PSNR_TOLERANCE_DB) -> Dict[str, dict]:
+    """For each ordered pair (a, b): the time a needs to come within `tolerance` of b's
+    final PSNR, the time b itself needs for that, and b's time / a's time (> 1: a is faster)."""
+    result: Dict[str, dict] = {}
+    for a, points_a in points_by_preset.items():
+        result[a] = {}
+        for b, points_b in points_by_preset.items():
+            if a == b:
+                continue
+            finals = [p["psnr"] for p in points_b if p.get("psnr") is not None]
+            if not finals:
+                result[a][b] = None
+                continue
+            target = finals[-1]
+            seconds = time_to_psnr(points_a, target - tolerance)
+            reference = time_to_psnr(points_b, target - tolerance)
+            ratio = reference / seconds if seconds and reference is not None else None
+            result[a][b] = {"target_psnr": target, "threshold_psnr": target - tolerance, "seconds": seconds,
+                            "reference_seconds": reference, "speedup": ratio}
+    return result
+
+
+# --- one preset ---------------------------------------------------------------------
+
+
+def finite_or_none(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def evaluation_point(trainer: Trainer, scene: Scene, first: bool, log) -> dict:
+    evaluation = evaluate_views(trainer.gaussians, scene.test, trainer.background, log, lpips_note=first)
+    point = {"seconds": round(trainer.elapsed, 4), "step": trainer.step}
+    for key, value in evaluation["mean"].items():
+        point[key] = finite_or_none(value)
+    point["num_gaussians"] = len(trainer.gaussians)
+    point["lpips_backbone"] = evaluation.get("lpips_backbone")
+    return point
+
+
+def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
+    cfg = get_preset(name)
+    cfg.seed = settings.seed
+    if settings.steps is not None:
+        cfg = cfg.scaled_to(settings.steps)
+    return cfg
+
+
+def make_trainer(scene: Scene, cfg: TrainConfig, settings: BenchSettings) -> Trainer:
+    options = RunOptions(out_dir=settings.out_dir, device=settings.device, evaluate=False, progress=False,
+                         log=settings.log)
+    return Trainer(scene, cfg, options)
+
+
+def warm_up(scene: Scene, settings: BenchSettings) -> None:
+    """A few untimed steps, so that the first preset does not pay for CUDA's start-up."""
+    trainer = make_trainer(scene, preset_config(settings.presets[0], settings), settings)
+    for _ in range(WARMUP_STEPS):
+        timed_step(trainer)
+    del trainer
+    release_memory(settings.device)
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, first: bool) -> dict:
+    """Train one preset, evaluating at the marks; returns its entry of bench.json."""
+    cfg = preset_config(name, settings)
+    budget = settings.budget_seconds
+    if budget is None:
+        marks, stop_reason = EvalMarks.every_steps(cfg.steps, settings.eval_points), "steps"
+    else:
+        marks, stop_reason = EvalMarks.every_seconds(budget, settings.eval_points), "budget"
+
+    release_memory(settings.device)
+    meter = MemoryMeter(settings.device)
+    trainer = make_trainer(scene, cfg, settings)
+    meter.sample()
+    bar.set_postfix_str(name)
+    points = [evaluation_point(trainer, scene, first, settings.log)]
+    bar_share = 0.0  # what this preset has advanced the bar by
+    while True:
+        if trainer.step >= cfg.steps:
+            stop_reason = "steps" if budget is None else "schedule"
+            break
+        if budget is not None and trainer.elapsed >= budget:
+            break
+        seconds = timed_step(trainer)
+        meter.sample()
+        advance = 1 if budget is None else min(seconds, budget - bar_share)
+        bar.update(advance)
+        bar_share += advance
+        if marks.due(trainer.step, trainer.elapsed):
+            points.append(evaluation_point(trainer, scene, False, settings.log))
+            meter.sample()
+            bar.write(f"{name}: {points[-1]['seconds']:.1f} s, step {trainer.step}, "
+                      f"PSNR {points[-1]['psnr']:.2f} dB, {points[-1]['num_gaussians']} Gaussians")
+    if points[-1]["step"] != trainer.step:
+        points.append(evaluation_point(trainer, scene, False, settings.log))
+        meter.sample()
+    full_share = cfg.steps if budget is None else budget
+    bar.update(max(full_share - bar_share, 0))  # a preset that stopped early still fills its share
+
+    backbone = next((p.pop("lpips_backbone") for p in points if p.get("lpips_backbone")), None)
+    for point in points:
+        point.pop("lpips_backbone", None)
+    entry = {
+        "points": points,
+        "steps": trainer.step,
+        "schedule_steps": cfg.steps,
+        "stopped_by": stop_reason,
+        "train_seconds": round(trainer.elapsed, 4),
+        "steps_per_second": round(trainer.step / trainer.elapsed, 3) if trainer.elapsed > 0 else None,
+        "num_gaussians": len(trainer.gaussians),
+        "peak_memory_bytes": meter.peak_growth(),
+        "memory_measure": meter.kind,
+        "skipped_steps": trainer.stats.skipped_steps,
+        "lpips_backbone": backbone,
+    }
+    del trainer
+    release_memory(settings.device)
+    return entry
+
+
+# --- the whole bench ----------------------------------------------------------------
+
+
+def machine_info(device: torch.device) -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def load_bench_scene(settings: BenchSettings) -> Scene:
+    from turbogs.data.load import load_scene
+
+    test_every = get_preset(settings.presets[0]).test_every
+    scene = load_scene(settings.scene, resolution=settings.resolution, images=settings.images, eval_split=True,
+                       white_background=settings.white_background, test_every=test_every, log=settings.log)
+    if not scene.test:
+        raise InputError(f"{settings.scene}: no test views to evaluate on (every {test_every}th image is one)")
+    return scene
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: exists and is not a folder; --out takes a folder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TurboGSError(f"cannot create {out_dir}: {e.strerror or e}") from e
+
+
+def run_bench(settings: BenchSettings) -> dict:
+    """Run every preset, write bench.json, bench.md and psnr_vs_time.png; return the result."""
+    prepare_out_dir(settings.out_dir)
+    scene = load_bench_scene(settings)
+    width, height = scene.train[0].width, scene.train[0].height
+    sizing = (f"{settings.steps} steps" if settings.steps is not None
+              else f"{settings.budget_seconds:g} s of training time")
+    settings.log(f"bench {settings.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
+                 f"{width}x{height} px; presets {', '.join(settings.presets)}, {sizing} each, "
+                 f"{settings.eval_points} evaluations, on {settings.device}")
+    if settings.device.type == "cuda":
+        warm_up(scene, settings)
+
+    if settings.steps is not None:
+        bar = tqdm(total=settings.steps * len(settings.presets), unit="step", desc="bench",
+                   disable=not settings.progress, dynamic_ncols=True)
+    else:
+        bar = tqdm(total=settings.budget_seconds * len(settings.presets), unit="s", desc="bench",
+                   disable=not settings.progress, dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} s train [{elapsed}<{remaining}{postfix}]")
+    presets = {}
+    try:
+        for index, name in enumerate(settings.presets):
+            presets[name] = run_preset(name, scene, settings, bar, first=index == 0)
+    finally:
+        bar.close()
+
+    result = {
+        "scene": str(settings.scene),
+        "image_size": [width, height],
+        "train_views": len(scene.train),
+        "test_views": len(scene.test),
+        "resolution": settings.resolution,
+        "device": str(settings.device),
+        "command": settings.command,
+        "machine": machine_info(settings.device),
+        "seed": settings.seed,
+        "mode": {"steps": settings.steps} if settings.steps is not None else {"budget_seconds": settings.budget_seconds},
+        "eval_points": settings.eval_points,
+        "psnr_tolerance_db": PSNR_TOLERANCE_DB,
+        "presets": presets,
+        "speedup": speedups({name: entry["points"] for name, entry in presets.items()}),
+    }
+    write_outputs(result, settings.out_dir)
+    return result
+
+
+def write_outputs(result: dict, out_dir: Path) -> None:
+    atomic_write_json(out_dir / "bench.json", result)
+    atomic_write_text(out_dir / "bench.md", markdown_report(result))
+    image = draw_psnr_plot(result)
+    with atomic_path(out_dir / "psnr_vs_time.png") as tmp:
+        if not cv2.imwrite(str(tmp), image):
+            raise OSError(f"could not encode {out_dir / 'psnr_vs_time.png'}")
+
+
+# --- the markdown report ------------------------------------------------------------
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _megabytes(value: Optional[int]) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def markdown_report(result: dict) -> str:
+    mode = result["mode"]
+    sizing = (f"{mode['steps']} steps per preset (schedule scaled to it)" if "steps" in mode
+              else f"{mode['budget_seconds']:g} s of training time per preset, each on its own schedule")
+    machine = result["machine"]
+    where = machine.get("gpu") or f"{machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads"
+    lines = [
+        f"# TurboGS bench: {Path(result['scene']).name}",
+        "",
+        f"- command: `{result['command']}`",
+        f"- device: {result['device']} ({where}); torch {machine['torch']}, {machine['platform']}",
+        f"- scene: {result['scene']}, {result['train_views']} train / {result['test_views']} test views, "
+        f"{result['image_size'][0]}x{result['image_size'][1]} px",
+        f"- run: {sizing}; evaluation, set-up and file writes are not counted as training time",
+        "",
+        "| preset | PSNR (dB) | SSIM | LPIPS | train time (s) | steps | steps/s | Gaussians | peak memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, entry in result["presets"].items():
+        final = entry["points"][-1]
+        lines.append(
+            f"| {name} | {_fmt(final.get('psnr'), '.2f')} | {_fmt(final.get('ssim'), '.4f')} | "
+            f"{_fmt(final.get('lpips'), '.4f')} | {entry['train_seconds']:.1f} | {entry['steps']} | "
+            f"{_fmt(entry['steps_per_second'], '.2f')} | {entry['num_gaussians']} | "
+            f"{_megabytes(entry['peak_memory_bytes'])} |"
+        )
+    memory = {entry["memory_measure"] for entry in result["presets"].values()}
+    lines += ["", f"Peak memory: {', '.join(sorted(memory))} (growth over the memory in use before the preset)."]
+
+    pairs = [(a, b, s) for a, row in result["speedup"].items() for b, s in row.items() if s is not None]
+    if pairs:
+        lines += [
+            "",
+            f"## Time to reach the other preset's final PSNR (within {result['psnr_tolerance_db']} dB)",
+            "",
+            "| preset | reference | target PSNR (dB) | preset's time (s) | reference's time (s) | speedup |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for a, b, s in pairs:
+            speedup = "never reached" if s["seconds"] is None else _fmt(s["speedup"], ".2f") + "x"
+            lines.append(f"| {a} | {b} | {s['target_psnr']:.2f} | {_fmt(s['seconds'], '.1f')} | "
+                         f"{_fmt(s['reference_seconds'], '.1f')} | {speedup} |")
+
+    lines += ["", "## Evaluation points", "", "| preset | train time (s) | step | PSNR (dB) | SSIM | Gaussians |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for name, entry in result["presets"].items():
+        for p in entry["points"]:
+            lines.append(f"| {name} | {p['seconds']:.2f} | {p['step']} | {_fmt(p.get('psnr'), '.2f')} | "
+                         f"{_fmt(p.get('ssim'), '.4f')} | {p['num_gaussians']} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the plot -----------------------------------------------------------------------
+
+PLOT_SIZE = (960, 600)  # width, height in pixels
+PLOT_MARGINS = (90, 30, 50, 80)  # left, right, top, bottom
+# Tableau's colors, as BGR for OpenCV.
+CURVE_COLORS = [(180, 119, 31), (14, 127, 255), (44, 160, 44), (40, 39, 214), (189, 103, 148), (75, 86, 140)]
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+def nice_ticks(low: float, high: float, count: int = 6) -> List[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
+    if not high > low:
+        low, high = low - 0.5, high + 0.5
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
+    return [round(i * step, 10) for i in range(first, last + 1)]
+
+
+def _tick_label(value: float, ticks: List[float]) -> str:
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return f"{value:.{decimals}f}"
+
+
+def _put_centered(image, text, center_x, baseline_y, scale=0.5, thickness=1, color=(0, 0, 0)):
+    (w, _), _ = cv2.getTextSize(text, FONT, scale, thickness)
+    cv2.putText(image, text, (int(center_x - w / 2), int(baseline_y)), FONT, scale, color, thickness, cv2.LINE_AA)
+
+
+def draw_psnr_plot(result: dict) -> np.ndarray:
+    """Test PSNR against training seconds, one curve per preset: a BGR uint8 image."""
+    width, height = PLOT_SIZE
+    left, right, top, bottom = PLOT_MARGINS
+    image = np.full((height, width, 3), 255, np.uint8)
+    curves = {name: [(p["seconds"], p["psnr"]) for p in entry["points"] if p.get("psnr") is not None]
+              for name, entry in result["presets"].items()}
+    xs = [x for curve in curves.values() for x, _ in curve] or [0.0, 1.0]
+    ys = [y for curve in curves.values() for _, y in curve] or [0.0, 1.0]
+    x_ticks = nice_ticks(0.0, max(max(xs), 1e-3))
+    y_ticks = nice_ticks(min(ys), max(ys))
+    x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
+
+    def to_pixel(x: float, y: float):
+        px = left + (x - x0) / (x1 - x0) * (width - left - right)
+        py = height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
+        return int(round(px)), int(round(py))
+
+    # Grid, ticks and tick labels.
+    for x in x_ticks:
+        px, _ = to_pixel(x, y0)
+        cv2.line(image, (px, top), (px, height - bottom), (225, 225, 225), 1)
+        cv2.line(image, (px, height - bottom), (px, height - bottom + 5), (0, 0, 0), 1)
+        _put_centered(image, _tick_label(x, x_ticks), px, height - bottom + 22)
+    for y in y_ticks:
+        _, py = to_pixel(x0, y)
+        cv2.line(image, (left, py), (width - right, py), (225, 225, 225), 1)
+        cv2.line(image, (left - 5, py), (left, py), (0, 0, 0), 1)
+        label = _tick_label(y, y_ticks)
+        (w, h), _ = cv2.getTextSize(label, FONT, 0.5, 1)
+        cv2.putText(image, label, (left - 9 - w, py + h // 2), FONT, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.rectangle(image, (left, top), (width - right, height - bottom), (0, 0, 0), 1)
+
+    # Axis labels and title; the y label is drawn on its own strip and rotated.
+    _put_centered(image, "training time (s)", (left + width - right) / 2, height - 22, scale=0.6)
+    strip = np.full((30, height - top - bottom, 3), 255, np.uint8)
+    _put_centered(strip, "test PSNR (dB)", strip.shape[1] / 2, 21, scale=0.6)
+    strip = cv2.rotate(strip, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    image[top:top + strip.shape[0], 8:8 + strip.shape[1]] = strip
+    title = f"{Path(result['scene']).name}: test PSNR vs training time ({result['device']})"
+    _put_centered(image, title, width / 2, 32, scale=0.65)
+
+    # Curves with a marker at every evaluation, then the legend (lower right).
+    for index, (name, curve) in enumerate(curves.items()):
+        color = CURVE_COLORS[index % len(CURVE_COLORS)]
+        pixels = np.array([to_pixel(x, y) for x, y in curve], np.int32)
+        if len(pixels) > 1:
+            cv2.polylines(image, [pixels.reshape(-1, 1, 2)], False, color, 2, cv2.LINE_AA)
+        for px, py in pixels:
+            cv2.circle(image, (int(px), int(py)), 4, color, -1, cv2.LINE_AA)
+    names = list(curves)
+    if names:
+        text_width = max(cv2.getTextSize(n, FONT, 0.55, 1)[0][0] for n in names)
+        box_w, box_h = text_width + 60, 24 * len(names) + 12
+        bx, by = width - right - box_w - 10, height - bottom - box_h - 10
+        cv2.rectangle(image, (bx, by), (bx + box_w, by + box_h), (255, 255, 255), -1)
+        cv2.rectangle(image, (bx, by), (bx + box_w, by + box_h), (120, 120, 120), 1)
+        for index, name in enumerate(names):
+            color = CURVE_COLORS[index % len(CURVE_COLORS)]
+            cy = by + 18 + 24 * index
+            cv2.line(image, (bx + 8, cy), (bx + 38, cy), color, 2, cv2.LINE_AA)
+            cv2.circle(image, (bx + 23, cy), 4, color, -1, cv2.LINE_AA)
+            cv2.putText(image, name, (bx + 46, cy + 5), FONT, 0.55, (0, 0, 0), 1, cv2.LINE_AA)
+    return image
+
+
+# --- step cost ----------------------------------------------------------------------
+
+
+def replicated_gaussians(base: Gaussians, count: int, generator: torch.Generator) -> Gaussians:
+    """`count` Gaussians cloned at random from `base`: a stand-in for a densified model.
+    Each clone's center is jittered by its own size, and sizes shrink by
+    (count / len(base))^(1/3) so that the clones cover about the space the originals did."""
+    rows = torch.randint(len(base), (count,), generator=generator)
+    params = {name: value.detach()[rows].clone() for name, value in base.raw().items()}
+    shrink = math.log((count / len(base)) ** (1 / 3)) if count > len(base) else 0.0
+    jitter = torch.randn(count, 3, generator=generator) * params["scales"].exp()
+    params["means"] = params["means"] + jitter
+    params["scales"] = params["scales"] - shrink
+    return Gaussians(params, base.sh_degree, base.active_sh_degree)
+
+
+def random_tile_mask(tile_rows: int, tile_cols: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """[TH, TW] bool with exactly ceil(fraction * tiles) tiles set, chosen uniformly."""
+    total = tile_rows * tile_cols
+    count = min(total, max(1, math.ceil(fraction * total - 1e-9)))
+    mask = torch.zeros(total, dtype=torch.bool)
+    mask[torch.randperm(total, generator=generator)[:count]] = True
+    return mask.reshape(tile_rows, tile_cols)
+
+
+def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Optional[int] = None) -> dict:
+    """Median seconds of render + tile loss + backward at each fraction of tiles rendered.
+
+    The fractions take turns within each repeat (same view, same Gaussians), so that a
+    change in machine load hits all of them alike. 100% renders without a tile mask, as
+    a dense step does; the loss is the turbo tile loss over the rendered tiles.
+    """
+    from turbogs.render import render
+    from turbogs.turbo.losses import TileLoss, tile_grid_shape
+
+    prepare_out_dir(settings.out_dir)
+    scene = load_bench_scene(settings)
+    device = settings.device
+    cfg = get_preset(settings.presets[0])
+    generator = torch.Generator().manual_seed(settings.seed)
+    gaussians = initial_gaussians(scene, cfg, generator)
+    if num_gaussians is not None:
+        gaussians = replicated_gaussians(gaussians, num_gaussians, generator)
+    gaussians = gaussians.to(device)
+    gaussians.active_sh_degree = gaussians.sh_degree
+    loss_fn = TileLoss()
+    background = torch.zeros(3, device=device)
+
+    def one_step(camera, gt, mask: Optional[torch.Tensor]) -> float:
+        tile_ids = torch.nonzero(mask.reshape(-1)).squeeze(1).to(device)
+        synchronize(device)
+        started = time.perf_counter()
+        out = render(gaussians, camera, background=background,
+                     tile_mask=None if bool(mask.all()) else mask.to(device))
+        loss, _ = loss_fn(out.image, gt, tile_ids)
+        loss.backward()
+        synchronize(device)
+        seconds = time.perf_counter() - started
+        for p in gaussians.parameters():
+            p.grad = None
+        return seconds
+
+    times: Dict[float, List[float]] = {f: [] for f in STEP_COST_FRACTIONS}
+    tiles: Dict[float, int] = {}
+    total_tiles = 0
+    for repeat in range(repeats + 1):  # the first round warms up and is not counted
+        camera = scene.train[repeat % len(scene.train)]
+        gt = camera.image.to(device)
+        rows, cols = tile_grid_shape(camera.height, camera.width)
+        total_tiles = rows * cols
+        for fraction in STEP_COST_FRACTIONS:
+            mask = random_tile_mask(rows, cols, fraction, generator)
+            seconds = one_step(camera, gt, mask)
+            tiles[fraction] = int(mask.sum())
+            if repeat > 0:
+                times[fraction].append(seconds)
+
+    medians = {f: statistics.median(times[f]) for f in STEP_COST_FRACTIONS}
+    result = {
+        "scene": str(settings.scene),
+        "device": str(device),
+        "machine": machine_info(device),
+        "command": settings.command,
+        "image_size": [scene.train[0].width, scene.train[0].height],
+        "num_gaussians": len(gaussians),
+        "repeats": repeats,
+        "loss": "TileLoss (L1 + D-SSIM + NCC over the rendered tiles)",
+        "fractions": [{"fraction": f, "tiles": tiles[f], "total_tiles": total_tiles,
+                       "seconds_per_step": round(medians[f], 6), "all_seconds": [round(t, 6) for t in times[f]]}
+                      for f in STEP_COST_FRACTIONS],
+        "ratio_to_full": {str(f): round(medians[f] / medians[1.0], 4) for f in STEP_COST_FRACTIONS},
+    }
+    atomic_write_json(settings.out_dir / "step_cost.json", result)
+    settings.log(f"step cost on {device}, {len(gaussians)} Gaussians, {result['image_size'][0]}x"
+                 f"{result['image_size'][1]} px, median of {repeats}:")
+    for f in STEP_COST_FRACTIONS:
+        settings.log(f"  {f:>4.0%} of tiles ({tiles[f]}/{total_tiles}): {medians[f] * 1e3:8.2f} ms/step, "
+                     f"{medians[f] / medians[1.0]:.2f}x the full step")
+    settings.log(f"wrote {settings.out_dir / 'step_cost.json'}")
+    return result
+
+
+# --- command line -------------------------------------------------------------------
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
+    return value
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `bench` to the `turbogs` command line (subparsers of cli.build_parser)."""
+    from turbogs.cli import add_device, positive_int, resolution_arg
+
+    p = subparsers.add_parser(
+        "bench", help="train presets side by side and compare their time to quality",
+        description="Train each preset on the same scene and split, evaluate the test views at fixed points of "
+                    "training time, and write bench.json, bench.md and psnr_vs_time.png.")
+    p.add_argument("scene", help="capture folder (COLMAP or transforms.json); every 8th image is a test view")
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)})")
+    sizing = p.add_mutually_exclusive_group()
+    sizing.add_argument("--budget-seconds", type=positive_float, metavar="S",
+                        help="train each preset, on its own schedule, for S seconds of training time")
+    sizing.add_argument("--steps", type=positive_int, metavar="N",
+                        help="train each preset for N steps (its schedule scaled to N)")
+    p.add_argument("-r", "--resolution", type=resolution_arg,
+                   help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px)")
+    p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
+    p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white")
+    add_device(p)
+    p.add_argument("--seed", type=int, default=0, help="random seed, the same for every preset (default 0)")
+    p.add_argument("--eval-points", type=positive_int, default=8,
+                   help="evaluations on the test views during each run, evenly spaced (default 8)")
+    p.add_argument("--out", "-o", required=True, help="folder for bench.json, bench.md and psnr_vs_time.png")
+    p.add_argument("--step-cost", action="store_true",
+                   help="instead: seconds per render+loss+backward at 100%%, 50%% and 25%% of tiles (step_cost.json)")
+    p.add_argument("--step-cost-repeats", type=positive_int, default=7, help="repeats per fraction (default 7)")
+    p.add_argument("--step-cost-gaussians", type=positive_int, metavar="N",
+                   help="with --step-cost: clone the initial Gaussians up to N (default: the initial ones)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from turbogs.cli import pick_device
+
+    argv = getattr(args, "bench_argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+    if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
+        raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
+    if not args.step_cost and args.steps is None and args.budget_seconds is None:
+        raise InputError("bench: give --budget-seconds S or --steps N (or --step-cost)")
+    settings = BenchSettings(
+        scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
+        steps=args.steps, budget_seconds=args.budget_seconds if not args.step_cost else 1.0,
+        resolution=args.resolution, images=args.images, white_background=args.white_background,
+        device=pick_device(args.device), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
+        command="turbogs " + shlex.join(argv),
+    )
+    if args.step_cost:
+        run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians)
+        return 0
+    result = run_bench(settings)
+    for name, entry in result["presets"].items():
+        final = entry["points"][-1]
+        print(f"{name}: PSNR {final['psnr']:.2f} dB, SSIM {final['ssim']:.4f} after {entry['train_seconds']:.1f} s "
+              f"({entry['steps']} steps, {entry['steps_per_second']} steps/s), {entry['num_gaussians']} Gaussians")
+    for a, row in result["speedup"].items():
+        for b, s in row.items():
+            if s is None:
+                continue
+            if s["seconds"] is None:
+                print(f"{a} never came within {PSNR_TOLERANCE_DB} dB of {b}'s final {s['target_psnr']:.2f} dB")
+            else:
+                print(f"{a} reached {b}'s final {s['target_psnr']:.2f} dB (-{PSNR_TOLERANCE_DB}) in {s['seconds']:.1f} s"
+                      f" vs {b}'s {_fmt(s['reference_seconds'], '.1f')} s: {_fmt(s['speedup'], '.2f')}x")
+    print(f"wrote {settings.out_dir / 'bench.json'}, bench.md and psnr_vs_time.png")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m turbogs.bench SCENE ...`: the bench command on its own."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="turbogs")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *argv])
+    args.bench_argv = ["bench", *argv]
+    try:
+        return args.func(args)
+    except TurboGSError as exc:
+        print(f"turbogs bench: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("turbogs bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Scenes in: COLMAP (binary and text) and transforms.json captures."""

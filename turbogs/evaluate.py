@@ -1,0 +1,89 @@
+"""Evaluation on held-out views: PSNR, SSIM, LPIPS (when its weights are local).
+
+Writes INRIA's layout: `results.json`, `per_view.json`, and the renders beside their
+ground truth in `test/ours_N/{renders,gt}/` as PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import cv2
+import numpy as np
+import torch
+
+from turbogs.atomic import atomic_path, atomic_write_json
+from turbogs.data.scene import Camera
+from turbogs.gaussians import Gaussians
+from turbogs.metrics import lpips_or_none, lpips_unavailable_reason, psnr, ssim
+from turbogs.render import render
+
+
+def to_uint8(image: torch.Tensor) -> np.ndarray:
+    """[H, W, 3] float in [0, 1] -> BGR uint8 for cv2.imwrite."""
+    rgb = (image.detach().clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
+    return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+
+
+def write_png(path: Path, image: torch.Tensor) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        if not cv2.imwrite(str(tmp), to_uint8(image)):
+            raise OSError(f"could not write {path}")
+
+
+@torch.no_grad()
+def evaluate_views(gaussians: Gaussians, cameras: List[Camera], background: torch.Tensor,
+                   log: Callable[[str], None] = print, lpips_note: bool = True) -> Dict[str, object]:
+    """Mean and per-view metrics; `renders` holds the images for saving."""
+    lpips = lpips_or_none(background.device)
+    if lpips is None and lpips_note:
+        log(f"LPIPS skipped: {lpips_unavailable_reason()}")
+    per_view, renders = {}, []
+    device = gaussians.means.device
+    for camera in cameras:
+        out = render(gaussians, camera, background=background)
+        gt = camera.image.to(device)
+        mask = None if camera.mask is None else camera.mask.to(device)
+        image = out.image.clamp(0, 1)
+        if mask is not None:  # masked-out pixels show the background in both images
+            gt = gt * mask[..., None] + background * (1 - mask[..., None])
+            image = image * mask[..., None] + background * (1 - mask[..., None])
+        entry = {"psnr": psnr(image, gt), "ssim": float(ssim(image, gt))}
+        if lpips is not None:
+            entry["lpips"] = float(lpips(image, gt))
+        per_view[camera.name] = entry
+        renders.append((camera.name, image, gt))
+    keys = per_view[next(iter(per_view))].keys() if per_view else []
+    means = {k: float(np.mean([v[k] for v in per_view.values()])) for k in keys}
+    return {"mean": means, "per_view": per_view, "renders": renders,
+            "lpips_backbone": "vgg" if lpips is not None else None}
+
+
+def write_evaluation(model_dir: Path, step: int, evaluation: Dict[str, object], extra: Optional[dict] = None,
+                     save_images: bool = True) -> Dict[str, object]:
+    """results.json (mean metrics plus `extra`), per_view.json and the PNGs."""
+    model_dir = Path(model_dir)
+    results = {**evaluation["mean"], **(extra or {}), "step": step, "num_test_views": len(evaluation["per_view"])}
+    if evaluation.get("lpips_backbone"):
+        results["lpips_backbone"] = evaluation["lpips_backbone"]
+    atomic_write_json(model_dir / "results.json", results)
+    atomic_write_json(model_dir / "per_view.json", evaluation["per_view"])
+    if save_images:
+        folder = model_dir / "test" / f"ours_{step}"
+        for name, image, gt in evaluation["renders"]:
+            stem = Path(name).stem
+            write_png(folder / "renders" / f"{stem}.png", image)
+            write_png(folder / "gt" / f"{stem}.png", gt)
+    return results
+
+
+def side_by_side(image: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """Render | ground truth, for a quick look."""
+    return torch.cat([image.detach().cpu(), gt.detach().cpu()], dim=1)
+
+
+def read_results(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "results.json").read_text())

@@ -1,0 +1,187 @@
+"""Image quality metrics: PSNR, SSIM (INRIA's exact convention), LPIPS-VGG if available.
+
+Images are channel-last, [H, W, C] (or [B, H, W, C]) with values in [0, 1], the layout
+the renderer produces.
+
+SSIM follows INRIA's `utils/loss_utils.ssim`, so numbers are comparable with published
+3DGS results: an 11x11 Gaussian window (sigma 1.5), zero padding of 5 pixels ("same"
+output size), C1 = 0.01^2, C2 = 0.03^2, and the mean of the SSIM map over all pixels and
+channels. It is differentiable, because training uses D-SSIM = 1 - SSIM as a loss. The
+Gaussian window is separable, so it runs as a vertical then a horizontal 1D convolution;
+with zero padding that equals INRIA's 2D convolution exactly, at a fifth of the cost.
+
+LPIPS needs pretrained weights. They are used only if already on disk: nothing is ever
+downloaded. Without them `lpips_or_none` returns None and `lpips_unavailable_reason`
+says why, so a caller can print "LPIPS skipped: <reason>".
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from turbogs.errors import TurboGSError
+
+ImageLike = Union[torch.Tensor, np.ndarray]
+
+SSIM_WINDOW = 11
+SSIM_SIGMA = 1.5
+SSIM_C1 = 0.01**2
+SSIM_C2 = 0.03**2
+
+
+def _as_tensor(x: ImageLike) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+
+
+# --- PSNR -------------------------------------------------------------------------
+
+
+def psnr(img: ImageLike, gt: ImageLike, mask: Optional[ImageLike] = None) -> float:
+    """Peak signal-to-noise ratio in dB for images in [0, 1] (peak 1).
+
+    With `mask` ([H, W] or [H, W, 1], bool or weights) the mean squared error is taken over
+    the masked pixels only, e.g. to score the object and not a blank background.
+    Identical images give +inf.
+    """
+    img = _as_tensor(img).detach().to(torch.float64)
+    gt = _as_tensor(gt).detach().to(device=img.device, dtype=torch.float64)
+    if img.shape != gt.shape:
+        raise ValueError(f"psnr: image {tuple(img.shape)} and ground truth {tuple(gt.shape)} differ in shape")
+    sq_err = (img - gt) ** 2
+    if mask is None:
+        mse = sq_err.mean()
+    else:
+        weights = _as_tensor(mask).detach().to(device=img.device, dtype=torch.float64)
+        if weights.dim() == sq_err.dim() - 1:
+            weights = weights[..., None]
+        weights = weights.expand_as(sq_err)
+        if float(weights.sum()) <= 0:
+            raise ValueError("psnr: the mask selects no pixels")
+        mse = (sq_err * weights).sum() / weights.sum()
+    mse = float(mse)
+    return math.inf if mse == 0 else -10.0 * math.log10(mse)
+
+
+# --- SSIM -------------------------------------------------------------------------
+
+
+def gaussian_kernel_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> torch.Tensor:
+    """Normalized samples of exp(-x^2 / 2 sigma^2) at x = -size//2 .. size//2, float64."""
+    x = torch.arange(size, dtype=torch.float64) - size // 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    return g / g.sum()
+
+
+def _blur(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Zero-padded 'same' Gaussian blur of each channel of [B, C, H, W]."""
+    channels, size = x.shape[1], kernel.numel()
+    vertical = kernel.view(1, 1, size, 1).expand(channels, 1, size, 1)
+    horizontal = kernel.view(1, 1, 1, size).expand(channels, 1, 1, size)
+    x = F.conv2d(x, vertical, padding=(size // 2, 0), groups=channels)
+    return F.conv2d(x, horizontal, padding=(0, size // 2), groups=channels)
+
+
+def ssim_map(img: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """Per-pixel SSIM, same shape as the inputs ([H, W, C] or [B, H, W, C])."""
+    img, gt = _as_tensor(img), _as_tensor(gt)
+    if img.shape != gt.shape or img.dim() not in (3, 4):
+        raise ValueError(
+            f"ssim: expected two [H, W, C] or [B, H, W, C] images, got {tuple(img.shape)} and {tuple(gt.shape)}"
+        )
+    gt = gt.to(img)
+    single = img.dim() == 3
+    x = (img[None] if single else img).permute(0, 3, 1, 2)
+    y = (gt[None] if single else gt).permute(0, 3, 1, 2)
+    kernel = gaussian_kernel_1d().to(x)
+
+    mu_x, mu_y = _blur(x, kernel), _blur(y, kernel)
+    var_x = _blur(x * x, kernel) - mu_x**2
+    var_y = _blur(y * y, kernel) - mu_y**2
+    cov_xy = _blur(x * y, kernel) - mu_x * mu_y
+    numerator = (2 * mu_x * mu_y + SSIM_C1) * (2 * cov_xy + SSIM_C2)
+    denominator = (mu_x**2 + mu_y**2 + SSIM_C1) * (var_x + var_y + SSIM_C2)
+    out = (numerator / denominator).permute(0, 2, 3, 1)
+    return out[0] if single else out
+
+
+def ssim(img: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """Mean SSIM as a 0-dim tensor (differentiable; `float()` it for reporting)."""
+    return ssim_map(img, gt).mean()
+
+
+# --- LPIPS ------------------------------------------------------------------------
+
+# torchvision's ImageNet VGG16 checkpoint, as cached by torch.hub.
+_VGG16_CHECKPOINT = "vgg16-397923af.pth"
+
+
+def _vgg16_checkpoint() -> Path:
+    return Path(torch.hub.get_dir()) / "checkpoints" / _VGG16_CHECKPOINT
+
+
+def lpips_unavailable_reason() -> Optional[str]:
+    """None if LPIPS-VGG can run from local files alone, else a short reason."""
+    if importlib.util.find_spec("lpips") is None:
+        return "the 'lpips' package is not installed"
+    try:
+        lpips = importlib.import_module("lpips")
+    except Exception as e:  # lpips imports torchvision, which may be missing or broken
+        return f"cannot import lpips ({type(e).__name__}: {e})"
+    linear_weights = Path(lpips.__file__).parent / "weights" / "v0.1" / "vgg.pth"
+    if not linear_weights.is_file():
+        return f"LPIPS linear weights not found at {linear_weights}"
+    if not _vgg16_checkpoint().is_file():
+        return f"VGG16 weights not found at {_vgg16_checkpoint()} (never downloaded by TurboGS)"
+    return None
+
+
+@contextmanager
+def _downloads_forbidden() -> Iterator[None]:
+    """Make any torch.hub download raise instead of reaching the network."""
+
+    def refuse(url, *args, **kwargs):
+        raise TurboGSError(f"LPIPS would download {url}; only local weights are used")
+
+    original = torch.hub.download_url_to_file
+    torch.hub.download_url_to_file = refuse
+    try:
+        yield
+    finally:
+        torch.hub.download_url_to_file = original
+
+
+class LPIPS:
+    """LPIPS with the VGG backbone (INRIA's choice), from local weights only."""
+
+    def __init__(self, device: Union[str, torch.device] = "cpu"):
+        reason = lpips_unavailable_reason()
+        if reason is not None:
+            raise TurboGSError(f"LPIPS unavailable: {reason}")
+        import lpips
+
+        with _downloads_forbidden():
+            self.model = lpips.LPIPS(net="vgg", verbose=False).to(device).eval()
+        self.device = torch.device(device)
+
+    @torch.no_grad()
+    def __call__(self, img: ImageLike, gt: ImageLike) -> float:
+        """LPIPS distance of two [H, W, 3] images in [0, 1] (lower is better)."""
+        x = _as_tensor(img).detach().to(self.device, torch.float32).permute(2, 0, 1)[None]
+        y = _as_tensor(gt).detach().to(self.device, torch.float32).permute(2, 0, 1)[None]
+        return float(self.model(x, y, normalize=True).mean())
+
+
+def lpips_or_none(device: Union[str, torch.device] = "cpu") -> Optional[LPIPS]:
+    """An LPIPS scorer, or None when its weights are not on disk (see lpips_unavailable_reason)."""
+    if lpips_unavailable_reason() is not None:
+        return None
+    return LPIPS(device)

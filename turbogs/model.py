@@ -1,0 +1,124 @@
+"""The model folder, in INRIA's layout so that SIBR, SuperSplat and other viewers open it.
+
+    MODEL/
+      cfg_args                                   Namespace(...) line that SIBR reads
+      cameras.json                               INRIA camera list (cam-to-world)
+      input.ply                                  the initial points
+      point_cloud/iteration_N/point_cloud.ply    the trained Gaussians
+      results.json, per_view.json, test/...      written by eval
+      checkpoints/                               resumable training state
+
+Every file is written atomically. `cfg_args` is written for SIBR's sake and read back
+with a literal-only parser: it is never evaluated.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from turbogs.atomic import atomic_write_json, atomic_write_text
+from turbogs.data.scene import Camera, Scene
+from turbogs.errors import InputError
+from turbogs.ply import read_ply, write_ply, write_points_ply
+
+
+def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool) -> None:
+    fields = {
+        "sh_degree": sh_degree,
+        "source_path": str(Path(scene.source_path).resolve()) if scene.source_path else "",
+        "model_path": str(Path(model_dir).resolve()),
+        "images": images,
+        "resolution": resolution,
+        "white_background": scene.white_background,
+        "data_device": "cuda",
+        "eval": eval_split,
+    }
+    text = "Namespace(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+    atomic_write_text(Path(model_dir) / "cfg_args", text)
+
+
+def read_cfg_args(path: Path) -> Dict[str, object]:
+    """Parse `Namespace(a=1, b='x', ...)` with ast.literal_eval on each value only."""
+    text = Path(path).read_text().strip()
+    if not (text.startswith("Namespace(") and text.endswith(")")):
+        raise InputError(f"{path}: not a cfg_args file (expected 'Namespace(...)')")
+    try:
+        call = ast.parse(text, mode="eval").body
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable cfg_args ({exc})") from None
+
+
+def camera_json_entry(index: int, camera: Camera) -> dict:
+    """INRIA's cameras.json entry: position and rotation of the camera-to-world transform."""
+    w2c = camera.world_to_cam.double().numpy()
+    c2w = np.linalg.inv(w2c)
+    return {
+        "id": index,
+        "img_name": Path(camera.name).stem,
+        "width": camera.width,
+        "height": camera.height,
+        "position": c2w[:3, 3].tolist(),
+        "rotation": c2w[:3, :3].tolist(),
+        "fy": float(camera.K[1, 1]),
+        "fx": float(camera.K[0, 0]),
+    }
+
+
+def write_cameras_json(model_dir: Path, cameras: List[Camera]) -> None:
+    atomic_write_json(Path(model_dir) / "cameras.json", [camera_json_entry(i, c) for i, c in enumerate(cameras)])
+
+
+def write_input_ply(model_dir: Path, points: np.ndarray, colors: np.ndarray) -> None:
+    write_points_ply(Path(model_dir) / "input.ply", points.astype(np.float32), (np.clip(colors, 0, 1) * 255).astype(np.uint8))
+
+
+def point_cloud_path(model_dir: Path, step: int) -> Path:
+    return Path(model_dir) / "point_cloud" / f"iteration_{step}" / "point_cloud.ply"
+
+
+def write_gaussians(model_dir: Path, step: int, params: Dict[str, np.ndarray]) -> Path:
+    path = point_cloud_path(model_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_ply(path, params)
+    return path
+
+
+def remove_other_iterations(model_dir: Path, keep: int) -> None:
+    """Drop point_cloud/iteration_* folders other than `keep` (after it is safely written)."""
+    for folder in (Path(model_dir) / "point_cloud").glob("iteration_*"):
+        if folder.name != f"iteration_{keep}":
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def latest_iteration(model_dir: Path) -> Optional[int]:
+    root = Path(model_dir) / "point_cloud"
+    steps = [int(m.group(1)) for p in root.glob("iteration_*") if (m := re.fullmatch(r"iteration_(\d+)", p.name))
+             and (p / "point_cloud.ply").is_file()] if root.is_dir() else []
+    return max(steps) if steps else None
+
+
+def find_model_ply(model: Path) -> Tuple[Path, Optional[int]]:
+    """A model folder's latest point_cloud.ply, or the .ply itself."""
+    model = Path(model)
+    if model.is_file():
+        return model, None
+    if not model.exists():
+        raise InputError(f"{model}: no such model folder or .ply file")
+    step = latest_iteration(model)
+    if step is None:
+        raise InputError(f"{model}: no point_cloud/iteration_*/point_cloud.ply in this model folder")
+    return point_cloud_path(model, step), step
+
+
+def load_model(model: Path):
+    """(params, sh_degree, step) of a model folder or .ply."""
+    path, step = find_model_ply(model)
+    params, sh_degree = read_ply(path)
+    return params, sh_degree, step

@@ -1,0 +1,107 @@
+"""The one dispatch point: CUDA kernel or its pure-PyTorch twin.
+
+Every op below has two implementations with the same signature and semantics:
+- a CUDA one (gsplat's kernels for the rasterization chain, `turbogs._C` for ours), and
+- a readable torch twin that runs anywhere and is the test oracle.
+
+The choice is made here, from the device of the inputs, and nowhere else: no other
+module branches on the device.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+
+def on_cuda(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+@lru_cache(maxsize=None)
+def _render_backend(cuda: bool):
+    if cuda:
+        from turbogs.render import gsplat_backend as backend
+    else:
+        from turbogs.render import torch_backend as backend
+    return backend
+
+
+# --- the rasterization chain ------------------------------------------------------
+
+
+def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3):
+    """Project Gaussians into one camera.
+
+    Returns radii [N, 2] int32 (0 where culled), means2d [N, 2], depths [N], conics [N, 3].
+    """
+    return _render_backend(on_cuda(means)).project(
+        means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d
+    )
+
+
+def spherical_harmonics(degree, dirs, coeffs):
+    """Evaluate SH of `degree` along unit-or-not `dirs` [N, 3] with coeffs [N, K, 3] -> [N, 3]."""
+    return _render_backend(on_cuda(coeffs)).spherical_harmonics(degree, dirs, coeffs)
+
+
+def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask=None):
+    """Tile/Gaussian pairs sorted by (tile, depth). With `tile_mask` [TH, TW] bool, pairs of
+    unselected tiles are dropped. Returns isect_offsets [TH, TW] int32, flatten_ids [M] int32."""
+    return _render_backend(on_cuda(means2d)).intersect_tiles(
+        means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask
+    )
+
+
+def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isect_offsets, flatten_ids,
+              background=None, tile_mask=None):
+    """Front-to-back alpha compositing. Returns colors [H, W, C] and alphas [H, W, 1].
+    With `tile_mask`, pixels of unselected tiles are undefined and must not be read."""
+    return _render_backend(on_cuda(means2d)).rasterize(
+        means2d, conics, colors, opacities, width, height, tile_size, isect_offsets, flatten_ids,
+        background, tile_mask,
+    )
+
+
+# --- TurboGS ops ---
+# Error memory, tile sampling and the sparse tile loss: turbogs.turbo._cuda (kernels of
+# turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs when it can be
+# loaded, else the twins in turbogs.turbo._torch_impl. Semantics: see _torch_impl.
+
+
+@lru_cache(maxsize=None)
+def _turbo_backend(cuda: bool):
+    if cuda:
+        from turbogs.turbo import _cuda
+
+        if _cuda.available():
+            return _cuda
+    from turbogs.turbo import _torch_impl
+
+    return _torch_impl
+
+
+def _turbo_for(t: torch.Tensor):
+    return _turbo_backend(on_cuda(t) and t.dtype == torch.float32)
+
+
+def error_memory_update(errors, view, num_tiles, tile_ids, tile_errors, decay):
+    """In place on errors [V, T_max]: row `view` takes tile_errors [K] at tile_ids [K]
+    (first observation replaces +inf, later ones blend with EMA `decay`)."""
+    return _turbo_for(errors).memory_update(errors, view, num_tiles, tile_ids, tile_errors, decay)
+
+
+def view_sample_keys(errors, tile_counts, view_floor, uniforms):
+    """Gumbel keys [V] whose argmax is the view to train on."""
+    return _turbo_for(errors).view_sample_keys(errors, tile_counts, view_floor, uniforms)
+
+
+def tile_sample_keys(errors_row, gamma, tile_floor, uniforms):
+    """Gumbel keys [T_v] whose top k are the tiles to render."""
+    return _turbo_for(errors_row).tile_sample_keys(errors_row, gamma, tile_floor, uniforms)
+
+
+def tile_loss(render, gt, tile_ids, mask, params):
+    """(loss, tile_errors [K]) of the sampled tiles; `params` is a turbo.losses.LossConfig."""
+    return _turbo_for(render).tile_loss(render, gt, tile_ids, mask, params)

@@ -1,0 +1,96 @@
+"""The CUDA rasterization chain: thin wrappers over gsplat 1.5.3's low-level kernels.
+
+Each function has the signature and semantics of its twin in `torch_backend` (one camera,
+no batch dimensions); here we only add and remove gsplat's leading camera dimension.
+gsplat is imported inside the functions so that importing this module never touches CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+def project(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    viewmat: Tensor,
+    K: Tensor,
+    width: int,
+    height: int,
+    near_plane: float,
+    far_plane: float,
+    eps2d: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    from gsplat.cuda._wrapper import fully_fused_projection
+
+    radii, means2d, depths, conics, _ = fully_fused_projection(
+        means, None, quats, scales, viewmat[None], K[None], width, height,
+        eps2d=eps2d, near_plane=near_plane, far_plane=far_plane,
+    )
+    radii, means2d, depths, conics = radii[0], means2d[0], depths[0], conics[0]
+    # gsplat leaves culled entries uninitialised; report zeros as the torch twin does.
+    visible = (radii > 0).all(dim=-1)
+    zero = torch.zeros((), dtype=means2d.dtype, device=means2d.device)
+    return (
+        radii,
+        torch.where(visible[:, None], means2d, zero),
+        torch.where(visible, depths, zero),
+        torch.where(visible[:, None], conics, zero),
+    )
+
+
+def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
+    from gsplat.cuda._wrapper import spherical_harmonics as gsplat_sh
+
+    return gsplat_sh(degree, dirs, coeffs)
+
+
+@torch.no_grad()
+def intersect_tiles(
+    means2d: Tensor,
+    radii: Tensor,
+    depths: Tensor,
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    tile_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
+
+    _, isect_ids, flatten_ids = isect_tiles(
+        means2d[None], radii[None], depths[None], tile_size, tile_width, tile_height
+    )
+    if tile_mask is not None:
+        # One image, so the bits above the 32 depth bits are the tile id alone.
+        keep = tile_mask.reshape(-1)[isect_ids >> 32]
+        isect_ids, flatten_ids = isect_ids[keep], flatten_ids[keep]
+    offsets = isect_offset_encode(isect_ids, 1, tile_width, tile_height)
+    return offsets[0], flatten_ids
+
+
+def rasterize(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    width: int,
+    height: int,
+    tile_size: int,
+    isect_offsets: Tensor,
+    flatten_ids: Tensor,
+    background: Optional[Tensor] = None,
+    tile_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    from gsplat.cuda._wrapper import rasterize_to_pixels
+
+    render_colors, render_alphas = rasterize_to_pixels(
+        means2d[None], conics[None], colors[None], opacities[None], width, height, tile_size,
+        isect_offsets[None], flatten_ids,
+        backgrounds=None if background is None else background[None],
+        masks=None if tile_mask is None else tile_mask[None],
+    )
+    return render_colors[0], render_alphas[0]

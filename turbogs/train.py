@@ -1,0 +1,324 @@
+"""The training loop.
+
+One step is the algorithm of the paper, in order:
+
+    pick a view -> render it -> photometric loss -> backward
+    -> density control (statistics, then grow/prune on schedule) -> optimizer step
+
+Around it: learning-rate and SH schedules, a progress bar, checkpoints by wall
+clock (so a killed run can `--resume`), and at the end the model in INRIA's layout and
+an evaluation on the test views.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from turbogs import checkpoint, model
+from turbogs.config import TrainConfig
+from turbogs.data.scene import Camera, Scene
+from turbogs.density.vanilla import VanillaDensity
+from turbogs.errors import TurboGSError
+from turbogs.evaluate import evaluate_views, write_evaluation
+from turbogs.gaussians import PARAM_NAMES, Gaussians
+from turbogs.metrics import ssim
+from turbogs.outdir import check_output_dir, exclusive_output
+from turbogs.render import render
+
+MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
+
+
+@dataclass
+class RunOptions:
+    """Where and how to run, as opposed to *what* to train (TrainConfig)."""
+
+    out_dir: Path
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    resume: bool = False
+    overwrite: bool = False
+    evaluate: bool = True  # evaluate on the scene's test views at the end
+    save_test_images: bool = True
+    progress: bool = True
+    images: str = "images"
+    resolution: int = -1
+    eval_split: bool = False
+    viewer: Optional[object] = None  # a turbogs.viewer.LiveViewer
+    log: Callable[[str], None] = print
+
+
+# --- building blocks --------------------------------------------------------------
+
+
+def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator) -> Gaussians:
+    """From the SfM points where there are some, else random points in the cameras' bounds."""
+    if scene.points is not None and len(scene.points) > 0:
+        colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
+        return Gaussians.from_points(torch.from_numpy(scene.points), torch.from_numpy(colors), cfg.sh_degree)
+    centers = torch.stack([c.center for c in scene.train])
+    lo, hi = centers.min(dim=0).values, centers.max(dim=0).values
+    return Gaussians.random_in_box(lo, hi, cfg.init_random_points, cfg.sh_degree, generator)
+
+
+def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Adam]:
+    """One Adam per parameter, as INRIA's groups, so density control can edit each one's rows."""
+    rates = {"means": cfg.lr.means * extent, "scales": cfg.lr.scales, "quats": cfg.lr.quats,
+             "opacities": cfg.lr.opacities, "sh0": cfg.lr.sh0, "shN": cfg.lr.shN}
+    return {name: torch.optim.Adam([gaussians.params[name]], lr=rates[name], eps=1e-15) for name in PARAM_NAMES}
+
+
+def means_lr(step: int, cfg: TrainConfig, extent: float) -> float:
+    """INRIA's exponential decay of the position learning rate over the run."""
+    t = min(max(step / max(cfg.steps, 1), 0.0), 1.0)
+    start, end = cfg.lr.means * extent, cfg.lr.means_final * extent
+    return math.exp((1 - t) * math.log(start) + t * math.log(end))
+
+
+def photometric_loss(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor], lambda_ssim: float) -> torch.Tensor:
+    """(1 - l) * L1 + l * (1 - SSIM); masked-out pixels are excluded from both terms."""
+    if mask is not None:
+        m = mask[..., None]
+        l1 = ((image - gt).abs() * m).sum() / (m.sum() * 3).clamp_min(1)
+        image, gt = image * m, gt * m
+    else:
+        l1 = (image - gt).abs().mean()
+    return (1 - lambda_ssim) * l1 + lambda_ssim * (1 - ssim(image, gt))
+
+
+class ViewOrder:
+    """INRIA's camera order: a fresh random permutation of the training views each epoch."""
+
+    def __init__(self, num_views: int, generator: torch.Generator):
+        self.num_views, self.generator, self.queue = num_views, generator, []
+
+    def next(self) -> int:
+        if not self.queue:
+            self.queue = torch.randperm(self.num_views, generator=self.generator).tolist()
+        return self.queue.pop()
+
+    def state_dict(self) -> dict:
+        return {"queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = list(state["queue"])
+
+
+@dataclass
+class RunningStats:
+    """Smoothed figures for the progress bar."""
+
+    loss: float = 0.0
+    psnr: float = 0.0
+    skipped_steps: int = 0
+
+    def update(self, loss: float, psnr: float) -> None:
+        if self.loss == 0.0:
+            self.loss, self.psnr = loss, psnr
+        self.loss = 0.9 * self.loss + 0.1 * loss
+        self.psnr = 0.9 * self.psnr + 0.1 * psnr
+
+
+# --- the run ----------------------------------------------------------------------
+
+
+class Trainer:
+    """Holds the state of one run; `run()` is the loop."""
+
+    def __init__(self, scene: Scene, cfg: TrainConfig, options: RunOptions):
+        if not scene.train:
+            raise TurboGSError(f"{scene.source_path}: no training views")
+        self.scene, self.cfg, self.opt = scene, cfg, options
+        self.device = options.device
+        self.log = options.log
+        self.extent = scene.extent()
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.background = torch.ones(3) if scene.white_background else torch.zeros(3)
+        self.background = self.background.to(self.device)
+        self.train_images = [c.image.to(self.device) for c in scene.train]
+        self.train_masks = [None if c.mask is None else c.mask.to(self.device) for c in scene.train]
+        self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
+        self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
+        self.density = VanillaDensity(cfg.density)
+        self.density_state = self.density.initial_state(len(self.gaussians), device=self.device)
+        self.views = ViewOrder(len(scene.train), self.generator)
+        self.stats = RunningStats()
+        self.step = 0
+        self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
+        self.bad_streak = 0
+
+    # --- one step -----------------------------------------------------------------
+    def train_step(self) -> None:
+        cfg, step = self.cfg, self.step
+        for group in self.optimizers["means"].param_groups:
+            group["lr"] = means_lr(step, cfg, self.extent)
+        if step > 0 and step % cfg.sh_increase_every == 0:
+            self.gaussians.active_sh_degree = min(self.gaussians.active_sh_degree + 1, cfg.sh_degree)
+
+        index = self.views.next()
+        camera = self.scene.train[index]
+        gt, mask = self.train_images[index], self.train_masks[index]
+        background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
+
+        out = render(self.gaussians, camera, background=background)
+        loss = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim)
+        loss.backward()
+
+        if not self._finite(loss):
+            self._skip_step()
+            return
+        self.bad_streak = 0
+        with torch.no_grad():
+            self.density.after_backward(self.density_state, step + 1, self.gaussians, self.optimizers, out,
+                                        camera.width, camera.height, self.extent)
+            for optimizer in self.optimizers.values():
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            mse = float(((out.image.detach().clamp(0, 1) - gt) ** 2).mean())
+        self.stats.update(loss.item(), -10 * math.log10(max(mse, 1e-10)))
+
+    def _finite(self, loss: torch.Tensor) -> bool:
+        if not torch.isfinite(loss):
+            return False
+        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.gaussians.params.values())
+
+    def _skip_step(self) -> None:
+        """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        self.stats.skipped_steps += 1
+        self.bad_streak += 1
+        if self.bad_streak >= MAX_BAD_STEPS:
+            raise TurboGSError(
+                f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
+                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.opt.out_dir)}"
+            )
+
+    # --- checkpoints --------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "params": self.gaussians.raw(),
+            "active_sh_degree": self.gaussians.active_sh_degree,
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "density": self.density_state,
+            "views": self.views.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "elapsed": self.elapsed,
+            "stats": vars(self.stats).copy(),
+            "config": self.cfg.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gaussians.replace({k: v.to(self.device) for k, v in state["params"].items()})
+        self.gaussians.active_sh_degree = state["active_sh_degree"]
+        self.optimizers = make_optimizers(self.gaussians, self.cfg, self.extent)
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.density_state = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["density"].items()}
+        self.views.load_state_dict(state["views"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.elapsed = state["elapsed"]
+        self.stats = RunningStats(**state["stats"])
+        self.step = state["step"]
+
+    def save_checkpoint(self) -> None:
+        checkpoint.save_checkpoint(self.opt.out_dir, self.step, self.state_dict())
+
+    # --- the loop -----------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, opt = self.cfg, self.opt
+        last_checkpoint = time.perf_counter()
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not opt.progress, dynamic_ncols=True,
+                   unit="step", desc="train")
+        viewer = opt.viewer
+        try:
+            while self.step < cfg.steps:
+                if viewer is not None:
+                    viewer.wait_if_paused()
+                    if viewer.stop_requested:
+                        self.log(f"stopped from the viewer at step {self.step}")
+                        break
+                started = time.perf_counter()
+                self.train_step()
+                self.step += 1
+                self.elapsed += time.perf_counter() - started
+
+                bar.update(1)
+                bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
+                                gaussians=len(self.gaussians), skipped=self.stats.skipped_steps, refresh=False)
+                if viewer is not None:
+                    viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw, None)
+                if self._checkpoint_due(last_checkpoint):
+                    self.save_checkpoint()
+                    last_checkpoint = time.perf_counter()
+        finally:
+            bar.close()
+        return self.finish()
+
+    def _checkpoint_due(self, last: float) -> bool:
+        cfg = self.cfg
+        if cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0:
+            return True
+        return cfg.checkpoint_every_seconds > 0 and time.perf_counter() - last >= cfg.checkpoint_every_seconds
+
+    def progress_stats(self) -> dict:
+        return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
+                "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps}
+
+    def finish(self) -> dict:
+        """Write the model (atomically), a final checkpoint, and evaluate."""
+        opt = self.opt
+        out = Path(opt.out_dir)
+        self.save_checkpoint()
+        model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
+        model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
+        summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
+                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps}
+        if opt.evaluate and self.scene.test:
+            evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
+            summary = write_evaluation(out, self.step, evaluation, summary, opt.save_test_images)
+        return summary
+
+
+def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> None:
+    """The files SIBR wants before training: cfg_args, cameras.json, input.ply."""
+    out = Path(opt.out_dir)
+    model.write_cfg_args(out, scene, cfg.sh_degree, opt.images, opt.resolution, opt.eval_split)
+    model.write_cameras_json(out, scene.cameras)
+    if scene.points is not None and len(scene.points):
+        colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
+        model.write_input_ply(out, scene.points, colors)
+
+
+def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
+    """Train `scene` into `opt.out_dir`; returns the summary (and metrics when evaluated)."""
+    out = Path(opt.out_dir)
+    check_output_dir(out)
+    with exclusive_output(out):
+        trainer = Trainer(scene, cfg, opt)
+        if opt.resume:
+            state = checkpoint.load_latest_checkpoint(out, warn=opt.log)
+            if state is None:
+                raise TurboGSError(f"{out}: --resume given but no checkpoint found in {checkpoint.checkpoint_dir(out)}")
+            trainer.load_state_dict(state)
+            opt.log(f"resuming from step {trainer.step} of {cfg.steps}")
+        else:
+            finished = model.latest_iteration(out)
+            if finished is not None and not opt.overwrite:
+                raise TurboGSError(
+                    f"{out}: already holds a trained model (iteration {finished}); use --resume to continue, "
+                    "--overwrite to replace it, or another --out"
+                )
+            if finished is not None:  # --overwrite: old checkpoints must not outrank the new run's
+                checkpoint.remove_checkpoints(out)
+            write_model_preamble(scene, cfg, opt)
+        return trainer.run()

@@ -1,0 +1,114 @@
+"""The CUDA kernels of turbogs._C behind the signatures of `_torch_impl`.
+
+`turbogs._C` comes from setup.py, or is compiled just in time from cuda/ on first use
+(cuda/build.py). `available()` says whether either worked; turbogs.ops falls back to the
+torch twins when it did not. Sampling: the kernels compute the Gumbel keys; the caller
+takes argmax / torch.topk of them, exactly as on the twin path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from turbogs.turbo import _torch_impl
+
+_BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "cuda" / "build.py"
+
+
+@lru_cache(maxsize=None)
+def _module():
+    try:
+        from turbogs import _C  # built by setup.py
+
+        return _C
+    except ImportError:
+        pass
+    if not _BUILD_SCRIPT.is_file():
+        raise ImportError(f"turbogs._C is not installed and {_BUILD_SCRIPT} is missing")
+    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", _BUILD_SCRIPT)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build.load_jit()
+
+
+@lru_cache(maxsize=None)
+def available() -> bool:
+    """True when the kernels can run here (a CUDA torch, and turbogs._C built or buildable)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        _module()
+        return True
+    except Exception as exc:  # any build failure means: use the torch twins
+        warnings.warn(f"TurboGS CUDA kernels unavailable, using the torch twins ({exc})")
+        return False
+
+
+# --- error memory and sampling --------------------------------------------------------
+
+
+def memory_update(errors, view, num_tiles, tile_ids, tile_errors, decay):
+    _module().memory_update(
+        errors, int(view), int(num_tiles), tile_ids.contiguous(), tile_errors.detach().float().contiguous(),
+        float(decay),
+    )
+
+
+def view_sample_keys(errors, tile_counts, view_floor, uniforms):
+    return _module().view_sample_keys(
+        errors, tile_counts.contiguous(), float(view_floor), uniforms.float().contiguous()
+    )
+
+
+def tile_sample_keys(errors_row, gamma, tile_floor, uniforms):
+    return _module().tile_sample_keys(
+        errors_row.contiguous(), float(gamma), float(tile_floor), uniforms.float().contiguous()
+    )
+
+
+# --- tile loss -------------------------------------------------------------------------
+
+
+def _param_args(params):
+    return (
+        int(params.tile_size), int(params.ssim_patch), int(params.ncc_patch),
+        float(params.lambda_ssim), float(params.lambda_ncc), float(params.ncc_eps), float(params.ncc_std_ref),
+        float(params.ssim_c1), float(params.ssim_c2),
+    )
+
+
+class _TileLossFunction(torch.autograd.Function):
+    """Forward: per-tile losses from the fused kernel, reduced like the twin. Backward:
+    the fused backward kernel (statistics recomputed, nothing stored per pixel)."""
+
+    @staticmethod
+    def forward(ctx, render, gt, tile_ids, mask, params):
+        args = _param_args(params)
+        tile_loss, tile_weight = _module().tile_loss_forward(render, gt, mask, tile_ids, *args)
+        total = tile_weight.sum()
+        loss = _torch_impl._safe_div((tile_weight * tile_loss).sum(), total)
+        ctx.save_for_backward(render, gt, tile_ids, mask, tile_weight, total)
+        ctx.args = args
+        ctx.mark_non_differentiable(tile_loss)
+        return loss, tile_loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_tile_loss):
+        render, gt, tile_ids, mask, tile_weight, total = ctx.saved_tensors
+        # dLoss/dL_i = N_i / sum(N): the weighted mean of the forward pass.
+        tile_scale = _torch_impl._safe_div(grad_loss * tile_weight, total).float().contiguous()
+        grad_render = _module().tile_loss_backward(render, gt, mask, tile_ids, tile_scale, *ctx.args)
+        return grad_render, None, None, None, None
+
+
+def tile_loss(render, gt, tile_ids, mask, params):
+    render = render.contiguous()
+    gt = gt.detach().float().contiguous()
+    mask = None if mask is None else mask.detach().float().contiguous()
+    loss, tile_errors = _TileLossFunction.apply(render, gt, tile_ids.contiguous(), mask, params)
+    return loss, tile_errors.detach()
