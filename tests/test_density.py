@@ -398,15 +398,17 @@ def test_scaled_schedule_keeps_inria_proportions(total):
     cfg = VanillaDensityConfig().scaled(total)
     assert cfg.densify_until == total // 2
     assert 0 < cfg.densify_from < cfg.densify_until
-    assert len(range(cfg.opacity_reset_every, cfg.densify_until, cfg.opacity_reset_every)) == 4  # as INRIA: 3k..12k
-    assert cfg.densify_every >= 10 and cfg.grad_threshold == VanillaDensityConfig().grad_threshold
+    resets = len(range(cfg.opacity_reset_every, cfg.densify_until, cfg.opacity_reset_every))
+    assert resets == 4 if total >= 10_000 else 1 <= resets <= 4  # as INRIA (3k..12k), fewer for short runs
+    # The cadence is INRIA's: one densification can double the count, so it is never faster.
+    assert cfg.densify_every == 100 and cfg.grad_threshold == VanillaDensityConfig().grad_threshold
 
 
 def test_scaled_keeps_inria_numbers_for_30k_and_longer():
     assert VanillaDensityConfig().scaled(30_000) == VanillaDensityConfig()
     assert VanillaDensityConfig().scaled(100_000) == VanillaDensityConfig()
     short = VanillaDensityConfig().scaled(2000)
-    assert (short.densify_from, short.densify_until, short.densify_every, short.opacity_reset_every) == (33, 1000, 10, 200)
+    assert (short.densify_from, short.densify_until, short.densify_every, short.opacity_reset_every) == (100, 1000, 100, 300)
 
 
 def test_bad_settings_are_input_errors():

@@ -211,6 +211,12 @@ def test_intersect_tiles_sorts_by_tile_then_depth_then_index():
     depths = torch.tensor([2.0, 1.0, 2.0])
     offsets, flatten_ids = ops.intersect_tiles(means2d, radii, depths, 16, 2, 2)
     assert tile_runs(offsets, flatten_ids) == [[1, 0, 2], [2], [], []]
+    # gsplat's CUDA sort reads the float bits as unsigned: positive depths come first in
+    # numeric order, then negatives (possible with near_plane < 0) in reverse order.
+    means2d = torch.tensor([[4.0, 4.0]] * 4)
+    depths = torch.tensor([-1.0, 2.0, -3.0, 0.5])
+    offsets, flatten_ids = ops.intersect_tiles(means2d, torch.full((4, 2), 2, dtype=torch.int32), depths, 16, 1, 1)
+    assert flatten_ids.tolist() == [3, 1, 0, 2]
 
 
 def test_intersect_tiles_mask_drops_exactly_unselected_pairs():
@@ -374,6 +380,22 @@ def test_render_outputs_visibility_and_means2d_grad():
     assert out.means2d.grad[~out.visible].abs().sum() == 0
     with torch.no_grad():
         assert render(gaussians, make_camera()).image.grad_fn is None
+
+
+def test_render_with_nothing_visible():
+    camera = make_camera()
+    camera.world_to_cam = torch.eye(4)
+    gaussians = make_gaussians(10, seed=0)
+    with torch.no_grad():
+        gaussians.params["means"][:, 2] = -5.0  # behind the camera
+        gaussians.params["means"][0] = torch.tensor([0.3, 0.1, 0.0])  # on the camera's plane
+    out = render(gaussians, camera, background=torch.tensor([1.0, 0.5, 0.0]))
+    assert not out.visible.any()
+    torch.testing.assert_close(out.image, torch.tensor([1.0, 0.5, 0.0]).expand(HEIGHT, WIDTH, 3))
+    out.image.sum().backward()
+    assert torch.equal(gaussians.params["means"].grad, torch.zeros(10, 3))  # finite, and zero
+    empty = Gaussians({k: v[:0].detach() for k, v in gaussians.params.items()}, sh_degree=1)
+    assert render(empty, camera).image.abs().sum() == 0
 
 
 def test_render_sh_degree_and_background():

@@ -6,15 +6,15 @@ building the trainer, evaluating and writing files are outside the clock, and on
 the clock is read only after the GPU has finished the step. At fixed points of the run
 the test views are evaluated (PSNR, SSIM, and LPIPS when its weights are on disk).
 
-Two ways to size a run:
+Two ways to size a run, each preset configured as `turbogs train --preset P` with the
+same flag would be:
 
-- `--steps N`: every preset gets the preset's schedule shrunk to N steps
-  (`TrainConfig.scaled_to(N)`); evaluations at every N/K steps.
-- `--budget-seconds S`: every preset runs *its own* schedule (the preset's step count,
-  learning-rate decay and densification timing, unchanged) and stops when S seconds of
-  training time are spent, or earlier when the schedule ends. So a curve shows what a
-  recipe, as designed, reaches by each second. Evaluations when the training time
-  passes S/K, 2S/K, ..., S.
+- `--steps N`: a step-based run, every schedule scaled to N steps
+  (`TrainConfig.scaled_to(N)`, no time budget); evaluations every N/K steps.
+- `--budget-seconds S`: the trainer's time budget (`TrainConfig.budget_seconds`): the
+  schedules follow the fraction of the S seconds spent, and the run ends after S
+  seconds of training time (or at the preset's step cap, if that comes first).
+  Evaluations when the training time passes S/K, 2S/K, ..., S.
 
 Outputs in --out: bench.json, bench.md (tables) and psnr_vs_time.png (one curve per
 preset, drawn with OpenCV). `--step-cost` instead measures seconds per
@@ -30,6 +30,7 @@ by the allocator without showing as growth.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import math
 import os
@@ -40,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -53,11 +54,11 @@ from turbogs.data.scene import Scene
 from turbogs.errors import InputError, TurboGSError
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians
-from turbogs.train import RunOptions, Trainer, initial_gaussians
+from turbogs.train import RunOptions, Trainer, initial_gaussians, synchronize
 
 PSNR_TOLERANCE_DB = 0.1  # "reached b's final PSNR" means within this much of it
 STEP_COST_FRACTIONS = (1.0, 0.5, 0.25)
-WARMUP_STEPS = 3  # untimed steps before the first preset on CUDA (context, kernels, allocator)
+WARMUP_STEPS = 3  # untimed steps before the first preset (see warm_up)
 
 
 # --- settings -----------------------------------------------------------------------
@@ -81,8 +82,8 @@ class BenchSettings:
     log: Callable[[str], None] = print
 
     def __post_init__(self):
-        if (self.steps is None) == (self.budget_seconds is None):
-            raise InputError("bench: give exactly one of --steps N and --budget-seconds S")
+        if self.steps is not None and self.budget_seconds is not None:
+            raise InputError("bench: give either --steps N or --budget-seconds S, not both")
         if not self.presets:
             raise InputError("bench: --presets names no preset")
         duplicates = sorted({name for name in self.presets if self.presets.count(name) > 1})
@@ -97,24 +98,6 @@ def parse_presets(text: str) -> List[str]:
 
 
 # --- timing and memory --------------------------------------------------------------
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a clock read after it includes that work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_step(trainer: Trainer) -> float:
-    """One training step, as `Trainer.run` takes it; returns its seconds (GPU work
-    included) and adds them to `trainer.elapsed`, the run's training clock."""
-    started = time.perf_counter()
-    trainer.train_step()
-    trainer.step += 1
-    synchronize(trainer.device)
-    seconds = time.perf_counter() - started
-    trainer.elapsed += seconds
-    return seconds
 
 
 def resident_bytes() -> Optional[int]:
@@ -212,6 +195,7 @@ def speedups(points_by_preset: Dict[str, Sequence[dict]], tolerance: float = PSN
             target = finals[-1]
             seconds = time_to_psnr(points_a, target - tolerance)
             reference = time_to_psnr(points_b, target - tolerance)
+            # Both at 0 s (the starting point is already within tolerance): no ratio.
             ratio = reference / seconds if seconds and reference is not None else None
             result[a][b] = {"target_psnr": target, "threshold_psnr": target - tolerance, "seconds": seconds,
                             "reference_seconds": reference, "speedup": ratio}
@@ -225,22 +209,21 @@ def finite_or_none(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def evaluation_point(trainer: Trainer, scene: Scene, first: bool, log) -> dict:
+def evaluation_point(trainer: Trainer, scene: Scene, first: bool, log) -> Tuple[dict, Optional[str]]:
+    """The test views' mean metrics now, and the LPIPS backbone (None without LPIPS)."""
     evaluation = evaluate_views(trainer.gaussians, scene.test, trainer.background, log, lpips_note=first)
     point = {"seconds": round(trainer.elapsed, 4), "step": trainer.step}
     for key, value in evaluation["mean"].items():
         point[key] = finite_or_none(value)
     point["num_gaussians"] = len(trainer.gaussians)
-    point["lpips_backbone"] = evaluation.get("lpips_backbone")
-    return point
+    return point, evaluation.get("lpips_backbone")
 
 
 def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
+    """The preset as `turbogs train --preset NAME` runs it with the same --steps or --budget-seconds."""
     cfg = get_preset(name)
     cfg.seed = settings.seed
-    if settings.steps is not None:
-        cfg = cfg.scaled_to(settings.steps)
-    return cfg
+    return cfg.for_run(settings.steps, settings.budget_seconds)
 
 
 def make_trainer(scene: Scene, cfg: TrainConfig, settings: BenchSettings) -> Trainer:
@@ -250,18 +233,26 @@ def make_trainer(scene: Scene, cfg: TrainConfig, settings: BenchSettings) -> Tra
 
 
 def warm_up(scene: Scene, settings: BenchSettings) -> None:
-    """A few untimed steps, so that the first preset does not pay for CUDA's start-up."""
+    """A few untimed steps, so that the first preset alone does not pay for start-up costs
+    (CUDA context and kernels, lazy imports, thread pools) in its time and memory."""
     trainer = make_trainer(scene, preset_config(settings.presets[0], settings), settings)
     for _ in range(WARMUP_STEPS):
-        timed_step(trainer)
+        trainer.run_step()
     del trainer
     release_memory(settings.device)
 
 
 def release_memory(device: torch.device) -> None:
+    """Free what the last preset left, so that the next one's growth starts from a low base:
+    CUDA's cache goes back to the driver, and glibc's free heap pages to the kernel."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    elif sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, first: bool) -> dict:
@@ -269,47 +260,41 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     cfg = preset_config(name, settings)
     budget = settings.budget_seconds
     if budget is None:
-        marks, stop_reason = EvalMarks.every_steps(cfg.steps, settings.eval_points), "steps"
+        marks = EvalMarks.every_steps(cfg.steps, settings.eval_points)
     else:
-        marks, stop_reason = EvalMarks.every_seconds(budget, settings.eval_points), "budget"
+        marks = EvalMarks.every_seconds(budget, settings.eval_points)
 
     release_memory(settings.device)
     meter = MemoryMeter(settings.device)
     trainer = make_trainer(scene, cfg, settings)
     meter.sample()
     bar.set_postfix_str(name)
-    points = [evaluation_point(trainer, scene, first, settings.log)]
-    bar_share = 0.0  # what this preset has advanced the bar by
-    while True:
-        if trainer.step >= cfg.steps:
-            stop_reason = "steps" if budget is None else "schedule"
-            break
-        if budget is not None and trainer.elapsed >= budget:
-            break
-        seconds = timed_step(trainer)
+    point, backbone = evaluation_point(trainer, scene, first, settings.log)
+    points = [point]
+    bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by (steps or seconds)
+    while trainer.progress() < 1.0:  # the trainer's own end: its steps, or its time budget
+        seconds = trainer.run_step()
         meter.sample()
         advance = 1 if budget is None else min(seconds, budget - bar_share)
         bar.update(advance)
         bar_share += advance
         if marks.due(trainer.step, trainer.elapsed):
-            points.append(evaluation_point(trainer, scene, False, settings.log))
+            points.append(evaluation_point(trainer, scene, False, settings.log)[0])
             meter.sample()
             bar.write(f"{name}: {points[-1]['seconds']:.1f} s, step {trainer.step}, "
-                      f"PSNR {points[-1]['psnr']:.2f} dB, {points[-1]['num_gaussians']} Gaussians")
+                      f"PSNR {_fmt(points[-1]['psnr'], '.2f')} dB, {points[-1]['num_gaussians']} Gaussians")
     if points[-1]["step"] != trainer.step:
-        points.append(evaluation_point(trainer, scene, False, settings.log))
+        points.append(evaluation_point(trainer, scene, False, settings.log)[0])
         meter.sample()
     full_share = cfg.steps if budget is None else budget
-    bar.update(max(full_share - bar_share, 0))  # a preset that stopped early still fills its share
+    if full_share > bar_share:  # a preset that stopped early still fills its share
+        bar.update(full_share - bar_share)
 
-    backbone = next((p.pop("lpips_backbone") for p in points if p.get("lpips_backbone")), None)
-    for point in points:
-        point.pop("lpips_backbone", None)
     entry = {
         "points": points,
         "steps": trainer.step,
-        "schedule_steps": cfg.steps,
-        "stopped_by": stop_reason,
+        "max_steps": cfg.steps,
+        "stopped_by": "budget" if budget is not None and trainer.elapsed >= budget else "steps",
         "train_seconds": round(trainer.elapsed, 4),
         "steps_per_second": round(trainer.step / trainer.elapsed, 3) if trainer.elapsed > 0 else None,
         "num_gaussians": len(trainer.gaussians),
@@ -357,6 +342,8 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 def run_bench(settings: BenchSettings) -> dict:
     """Run every preset, write bench.json, bench.md and psnr_vs_time.png; return the result."""
+    if settings.steps is None and settings.budget_seconds is None:
+        raise InputError("bench: give --budget-seconds S or --steps N (or --step-cost)")
     prepare_out_dir(settings.out_dir)
     scene = load_bench_scene(settings)
     width, height = scene.train[0].width, scene.train[0].height
@@ -365,8 +352,7 @@ def run_bench(settings: BenchSettings) -> dict:
     settings.log(f"bench {settings.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{width}x{height} px; presets {', '.join(settings.presets)}, {sizing} each, "
                  f"{settings.eval_points} evaluations, on {settings.device}")
-    if settings.device.type == "cuda":
-        warm_up(scene, settings)
+    warm_up(scene, settings)
 
     if settings.steps is not None:
         bar = tqdm(total=settings.steps * len(settings.presets), unit="step", desc="bench",
@@ -424,8 +410,8 @@ def _megabytes(value: Optional[int]) -> str:
 
 def markdown_report(result: dict) -> str:
     mode = result["mode"]
-    sizing = (f"{mode['steps']} steps per preset (schedule scaled to it)" if "steps" in mode
-              else f"{mode['budget_seconds']:g} s of training time per preset, each on its own schedule")
+    sizing = (f"{mode['steps']} steps per preset (schedules scaled to them)" if "steps" in mode
+              else f"a time budget of {mode['budget_seconds']:g} s of training per preset (schedules follow it)")
     machine = result["machine"]
     where = machine.get("gpu") or f"{machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads"
     lines = [
@@ -461,7 +447,8 @@ def markdown_report(result: dict) -> str:
             "|---|---|---:|---:|---:|---:|",
         ]
         for a, b, s in pairs:
-            speedup = "never reached" if s["seconds"] is None else _fmt(s["speedup"], ".2f") + "x"
+            speedup = ("never reached" if s["seconds"] is None
+                       else "-" if s["speedup"] is None else f"{s['speedup']:.2f}x")
             lines.append(f"| {a} | {b} | {s['target_psnr']:.2f} | {_fmt(s['seconds'], '.1f')} | "
                          f"{_fmt(s['reference_seconds'], '.1f')} | {speedup} |")
 
@@ -596,12 +583,15 @@ def random_tile_mask(tile_rows: int, tile_cols: int, fraction: float, generator:
     return mask.reshape(tile_rows, tile_cols)
 
 
-def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Optional[int] = None) -> dict:
+def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Optional[int] = None,
+                  profile: bool = False) -> dict:
     """Median seconds of render + tile loss + backward at each fraction of tiles rendered.
 
     The fractions take turns within each repeat (same view, same Gaussians), so that a
     change in machine load hits all of them alike. 100% renders without a tile mask, as
-    a dense step does; the loss is the turbo tile loss over the rendered tiles.
+    a dense step does; the loss is the turbo tile loss over the rendered tiles. All SH
+    bands are active, as late in training. With `profile`, torch.profiler's table of the
+    costliest ops of a few full and quarter steps goes to profile.txt.
     """
     from turbogs.render import render
     from turbogs.turbo.losses import TileLoss, tile_grid_shape
@@ -664,31 +654,44 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
         "ratio_to_full": {str(f): round(medians[f] / medians[1.0], 4) for f in STEP_COST_FRACTIONS},
     }
     atomic_write_json(settings.out_dir / "step_cost.json", result)
+    if profile:
+        camera = scene.train[0]
+        rows, cols = tile_grid_shape(camera.height, camera.width)
+        masks = {f: random_tile_mask(rows, cols, f, generator) for f in (1.0, 0.25)}
+        write_profile(settings.out_dir / "profile.txt", lambda f: one_step(camera, camera.image.to(device), masks[f]),
+                      device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px")
     settings.log(f"step cost on {device}, {len(gaussians)} Gaussians, {result['image_size'][0]}x"
                  f"{result['image_size'][1]} px, median of {repeats}:")
     for f in STEP_COST_FRACTIONS:
         settings.log(f"  {f:>4.0%} of tiles ({tiles[f]}/{total_tiles}): {medians[f] * 1e3:8.2f} ms/step, "
                      f"{medians[f] / medians[1.0]:.2f}x the full step")
-    settings.log(f"wrote {settings.out_dir / 'step_cost.json'}")
+    settings.log(f"wrote {settings.out_dir / 'step_cost.json'}" + (" and profile.txt" if profile else ""))
     return result
+
+
+def write_profile(path: Path, step: Callable[[float], float], device: torch.device, what: str,
+                  steps: int = 3, rows: int = 25) -> None:
+    """torch.profiler's costliest ops (self time on the device, else on the CPU) over a
+    few steps with all tiles and with a quarter of them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    sections = [f"render + tile loss + backward on {device}, {what}; {steps} steps each, sorted by {sort_by}"]
+    for fraction in (1.0, 0.25):
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step(fraction)
+        sections.append(f"== {fraction:.0%} of tiles\n" + prof.key_averages().table(sort_by=sort_by, row_limit=rows))
+    atomic_write_text(path, "\n\n".join(sections) + "\n")
 
 
 # --- command line -------------------------------------------------------------------
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
-    return value
-
-
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """Add `bench` to the `turbogs` command line (subparsers of cli.build_parser)."""
-    from turbogs.cli import add_device, positive_int, resolution_arg
+    from turbogs.cli import add_device, positive_float, positive_int, resolution_arg
 
     p = subparsers.add_parser(
         "bench", help="train presets side by side and compare their time to quality",
@@ -699,9 +702,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)})")
     sizing = p.add_mutually_exclusive_group()
     sizing.add_argument("--budget-seconds", type=positive_float, metavar="S",
-                        help="train each preset, on its own schedule, for S seconds of training time")
+                        help="give each preset a time budget of S seconds of training (as train --budget-seconds)")
     sizing.add_argument("--steps", type=positive_int, metavar="N",
-                        help="train each preset for N steps (its schedule scaled to N)")
+                        help="train each preset for N steps, without a time budget (as train --steps)")
     p.add_argument("-r", "--resolution", type=resolution_arg,
                    help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px)")
     p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
@@ -716,6 +719,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--step-cost-repeats", type=positive_int, default=7, help="repeats per fraction (default 7)")
     p.add_argument("--step-cost-gaussians", type=positive_int, metavar="N",
                    help="with --step-cost: clone the initial Gaussians up to N (default: the initial ones)")
+    p.add_argument("--step-cost-profile", action="store_true",
+                   help="with --step-cost: also write torch.profiler's costliest ops to profile.txt")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
     return p
@@ -729,17 +734,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         argv = sys.argv[1:]
     if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
         raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
-    if not args.step_cost and args.steps is None and args.budget_seconds is None:
-        raise InputError("bench: give --budget-seconds S or --steps N (or --step-cost)")
     settings = BenchSettings(
         scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
-        steps=args.steps, budget_seconds=args.budget_seconds if not args.step_cost else 1.0,
+        steps=args.steps, budget_seconds=args.budget_seconds,
         resolution=args.resolution, images=args.images, white_background=args.white_background,
-        device=pick_device(args.device), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
+        device=pick_device(args.device, args.threads), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
         command="turbogs " + shlex.join(argv),
     )
     if args.step_cost:
-        run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians)
+        run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians,
+                      profile=args.step_cost_profile)
         return 0
     result = run_bench(settings)
     for name, entry in result["presets"].items():
@@ -750,11 +754,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for b, s in row.items():
             if s is None:
                 continue
+            target = f"{b}'s final {s['target_psnr']:.2f} dB (within {PSNR_TOLERANCE_DB} dB)"
             if s["seconds"] is None:
-                print(f"{a} never came within {PSNR_TOLERANCE_DB} dB of {b}'s final {s['target_psnr']:.2f} dB")
+                print(f"{a} never reached {target}")
+            elif s["speedup"] is None:
+                print(f"{a} and {b} were both there at the start: {target}")
             else:
-                print(f"{a} reached {b}'s final {s['target_psnr']:.2f} dB (-{PSNR_TOLERANCE_DB}) in {s['seconds']:.1f} s"
-                      f" vs {b}'s {_fmt(s['reference_seconds'], '.1f')} s: {_fmt(s['speedup'], '.2f')}x")
+                print(f"{a} reached {target} in {s['seconds']:.1f} s, {b} in {s['reference_seconds']:.1f} s: "
+                      f"{s['speedup']:.2f}x")
     print(f"wrote {settings.out_dir / 'bench.json'}, bench.md and psnr_vs_time.png")
     return 0
 

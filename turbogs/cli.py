@@ -1,4 +1,4 @@
-"""`turbogs` command line: train | eval | render | export | view.
+"""`turbogs` command line: train | eval | render | export | view | bench.
 
 Every user-facing problem is a TurboGSError: printed as one line on stderr, exit code 2.
 """
@@ -6,6 +6,7 @@ Every user-facing problem is a TurboGSError: printed as one line on stderr, exit
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
+    return value
+
+
 def port_arg(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -47,9 +58,12 @@ def port_arg(text: str) -> int:
     return value
 
 
-def pick_device(name: str):
+def pick_device(name: str, threads: int = 1):
+    """The torch device for --device, and the CPU thread count: on CPU this workload is many
+    small ops, which run several times faster on one thread than fighting over two."""
     import torch
 
+    torch.set_num_threads(threads)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -65,18 +79,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from turbogs.data.load import load_scene
     from turbogs.train import RunOptions, train
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, args.threads)
     cfg = get_preset(args.preset)
     cfg.seed = args.seed
     if args.sh_degree is not None:
         cfg.sh_degree = args.sh_degree
     if args.init_points is not None:
         cfg.init_random_points = args.init_points
-    if args.max_gaussians is not None:
-        cfg.density.max_gaussians = args.max_gaussians
     if args.checkpoint_every is not None:
         cfg.checkpoint_every_seconds = args.checkpoint_every
-    cfg = cfg.scaled_to(args.steps if args.steps is not None else cfg.steps)
+    apply_ablations(cfg, args)
+    cfg = cfg.for_run(args.steps, args.budget_seconds)
     out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
 
     scene = load_scene(args.scene, resolution=args.resolution, images=args.images, eval_split=args.eval,
@@ -84,7 +97,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"scene {args.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
           f"{scene.train[0].width}x{scene.train[0].height} px, "
           f"{0 if scene.points is None else len(scene.points)} SfM points; preset {cfg.preset}, "
-          f"{cfg.steps} steps on {device}")
+          + (f"{cfg.budget_seconds:g} s budget (at most {cfg.steps} steps)" if cfg.budget_seconds else f"{cfg.steps} steps")
+          + f" on {device}")
 
     viewer = None
     if args.viewer:
@@ -103,6 +117,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         params, _ = read_ply(point_cloud_path(out_dir, latest_iteration(out_dir)))
         viewer.finish(params, block=not args.no_block)
     return 0
+
+
+def apply_ablations(cfg, args: argparse.Namespace) -> None:
+    """Switch single TurboGS parts off (or swap them) on top of any preset."""
+    if args.no_sparse:
+        cfg.sampler.fraction_start = cfg.sampler.fraction_end = 1.0
+    if args.no_ncc:
+        cfg.tile_loss.lambda_ncc = 0.0
+    if args.density is not None:
+        cfg.density_strategy = args.density
+    if args.optimizer is not None:
+        cfg.optimizer = args.optimizer
+    if args.max_gaussians is not None:
+        cfg.density.max_gaussians = args.max_gaussians
+        cfg.error_density.max_gaussians = args.max_gaussians
 
 
 def report(summary: dict, out_dir: Path) -> None:
@@ -151,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from turbogs.evaluate import evaluate_views, write_evaluation
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
     gaussians, step = load_gaussians(model_dir, device)
     scene = scene_for_model(model_dir, args.source, eval_split=True)
@@ -174,7 +203,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from turbogs.evaluate import write_png
     from turbogs.render import render
 
-    device = pick_device(args.device)
+    device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
     gaussians, step = load_gaussians(model_dir, device)
     scene = scene_for_model(model_dir, args.source, eval_split=args.split != "all")
@@ -217,6 +246,8 @@ def cmd_view(args: argparse.Namespace) -> int:
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
 
 
 def add_server(p: argparse.ArgumentParser) -> None:
@@ -234,8 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a capture into an INRIA-layout model folder.")
     p.add_argument("scene", help="capture folder: COLMAP (sparse/ + images/) or transforms.json / NeRF-synthetic")
     p.add_argument("--out", "-o", "-m", help="model folder to write (default: output/<scene name>)")
-    p.add_argument("--preset", default="3dgs", help="training recipe: 3dgs (vanilla baseline) (default: 3dgs)")
-    p.add_argument("--steps", type=positive_int, help="number of optimisation steps (default: the preset's, 30000)")
+    p.add_argument("--preset", default="turbo", choices=["turbo", "3dgs"],
+                   help="training recipe: turbo (all four TurboGS parts, 100 s budget) or 3dgs (vanilla INRIA "
+                        "baseline, 30000 steps) (default: turbo)")
+    p.add_argument("--steps", type=positive_int,
+                   help="number of optimisation steps (default: the preset's); alone, it replaces the time budget")
+    p.add_argument("--budget-seconds", type=positive_float, metavar="S",
+                   help="train for S seconds of training time; every schedule follows the elapsed fraction "
+                        "(default: 100 for turbo, none for 3dgs)")
     p.add_argument("-r", "--resolution", type=resolution_arg,
                    help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px wide)")
     p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
@@ -253,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-gaussians", type=positive_int, help="never grow beyond this many Gaussians")
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help="write a resumable checkpoint this often, in seconds of wall time (default 60)")
+    p.add_argument("--no-sparse", action="store_true", help="ablation: render every tile of every step")
+    p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
+    p.add_argument("--density", choices=["3dgs", "error"], help="density control: INRIA's gradient rule or error-driven")
+    p.add_argument("--optimizer", choices=["adam", "hybrid"], help="Adam, or the hybrid Hessian-informed/Adam optimizer")
     p.add_argument("--viewer", action="store_true", help="watch training live in the browser")
     add_server(p)
     p.add_argument("--no-block", action="store_true", help="with --viewer: exit when training ends instead of serving on")
@@ -285,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model folder, or a .ply file")
     add_server(p)
     p.set_defaults(func=cmd_view)
+
+    from turbogs.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

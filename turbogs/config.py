@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
+from turbogs.density.error_driven import ErrorDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
+from turbogs.optim import HybridConfig
+from turbogs.turbo.losses import LossConfig
+from turbogs.turbo.sampling import SamplerConfig
 
 
 @dataclass
@@ -35,7 +39,8 @@ class LossWeights:
 @dataclass
 class TrainConfig:
     preset: str = "3dgs"
-    steps: int = 30_000
+    steps: int = 30_000  # with a time budget: the most steps, and the unit of step-based schedules
+    budget_seconds: Optional[float] = None  # train for this long; schedules follow the elapsed fraction
     seed: int = 0
     sh_degree: int = 3
     sh_increase_every: int = 1000  # raise the active SH degree every N steps
@@ -43,10 +48,29 @@ class TrainConfig:
     random_background: bool = False
     lr: LearningRates = field(default_factory=LearningRates)
     loss: LossWeights = field(default_factory=LossWeights)
+    # Part 1: error memory + tile sampler + tile-wise L1/SSIM/NCC loss. Off = dense views, L1 + D-SSIM.
+    error_guided: bool = False
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    tile_loss: LossConfig = field(default_factory=LossConfig)
+    # Part 2: density control ("3dgs" = INRIA's gradient rule, "error" = error-driven) and optimizer.
+    density_strategy: str = "3dgs"
     density: VanillaDensityConfig = field(default_factory=VanillaDensityConfig)
+    error_density: ErrorDensityConfig = field(default_factory=ErrorDensityConfig)
+    optimizer: str = "adam"  # "adam" or "hybrid"
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
     checkpoint_every_seconds: float = 60.0  # wall-clock, so that a killed run loses little
     checkpoint_every_steps: int = 0  # 0 = by time only
     test_every: int = 8  # every 8th image in name order is a test view with --eval
+
+    def for_run(self, steps: Optional[int] = None, budget_seconds: Optional[float] = None) -> "TrainConfig":
+        """This preset sized for one run: a time budget (schedules follow the elapsed
+        fraction), or --steps alone (a step-based run, no budget), or the preset's own."""
+        cfg = dataclasses.replace(self)
+        if budget_seconds is not None:
+            cfg.budget_seconds = budget_seconds
+        elif steps is not None:
+            cfg.budget_seconds = None
+        return cfg.scaled_to(steps if steps is not None else cfg.steps)
 
     def scaled_to(self, steps: int) -> "TrainConfig":
         """This config for a run of `steps` steps: schedules that INRIA states for 30k
@@ -65,7 +89,23 @@ def preset_3dgs() -> TrainConfig:
     return TrainConfig(preset="3dgs")
 
 
+def preset_turbo() -> TrainConfig:
+    """TurboGS: error-guided sparse tiles, the tile-wise NCC loss and error-driven density
+    control, every schedule a function of a 100-second budget."""
+    return TrainConfig(
+        preset="turbo",
+        budget_seconds=100.0,
+        error_guided=True,
+        density_strategy="error",
+        # The hybrid optimizer is built and tested (turbogs/optim.py, --optimizer hybrid), but on
+        # the demo scene it trails Adam (benchmarks/results/2026-12-02_cpu_optimizer_ablation.md),
+        # so the preset keeps Adam until the hybrid earns its place on a GPU benchmark.
+        optimizer="adam",
+    )
+
+
 PRESETS: Dict[str, Callable[[], TrainConfig]] = {
+    "turbo": preset_turbo,
     "3dgs": preset_3dgs,
 }
 

@@ -25,13 +25,16 @@ from tqdm import tqdm
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Camera, Scene
+from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error, sampled_pixels
 from turbogs.density.vanilla import VanillaDensity
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.metrics import ssim
+from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
 from turbogs.outdir import check_output_dir, exclusive_output
 from turbogs.render import render
+from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
 
@@ -67,18 +70,47 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
     return Gaussians.random_in_box(lo, hi, cfg.init_random_points, cfg.sh_degree, generator)
 
 
-def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Adam]:
-    """One Adam per parameter, as INRIA's groups, so density control can edit each one's rows."""
+def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
+    """One optimizer per parameter, as INRIA's groups, so density control can edit each one's
+    rows: Adam, or the hybrid Hessian-informed/Adam optimizer (with INRIA's rates either way)."""
     rates = {"means": cfg.lr.means * extent, "scales": cfg.lr.scales, "quats": cfg.lr.quats,
              "opacities": cfg.lr.opacities, "sh0": cfg.lr.sh0, "shN": cfg.lr.shN}
-    return {name: torch.optim.Adam([gaussians.params[name]], lr=rates[name], eps=1e-15) for name in PARAM_NAMES}
+    if cfg.optimizer == "adam":
+        return {name: torch.optim.Adam([gaussians.params[name]], lr=rates[name], eps=1e-15) for name in PARAM_NAMES}
+    if cfg.optimizer == "hybrid":
+        return {name: HybridOptimizer([gaussians.params[name]], **cfg.hybrid.optimizer_kwargs(rates[name]))
+                for name in PARAM_NAMES}
+    raise TurboGSError(f"unknown optimizer '{cfg.optimizer}' (choose adam or hybrid)")
 
 
-def means_lr(step: int, cfg: TrainConfig, extent: float) -> float:
+def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
     """INRIA's exponential decay of the position learning rate over the run."""
-    t = min(max(step / max(cfg.steps, 1), 0.0), 1.0)
+    t = min(max(progress, 0.0), 1.0)
     start, end = cfg.lr.means * extent, cfg.lr.means_final * extent
     return math.exp((1 - t) * math.log(start) + t * math.log(end))
+
+
+def make_density(cfg: TrainConfig):
+    if cfg.density_strategy == "3dgs":
+        return VanillaDensity(cfg.density)
+    if cfg.density_strategy == "error":
+        return ErrorDrivenDensity(cfg.error_density)
+    raise TurboGSError(f"unknown density strategy '{cfg.density_strategy}' (choose 3dgs or error)")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a clock read after it includes that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
+    """PSNR over the pixels this step rendered (the others are undefined)."""
+    height, width = image.shape[:2]
+    inside = sampled_pixels(tile_mask, width, height, image.device)
+    mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
+    return -10 * math.log10(max(float(mse), 1e-10))
 
 
 def photometric_loss(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor], lambda_ssim: float) -> torch.Tensor:
@@ -108,6 +140,15 @@ class ViewOrder:
 
     def load_state_dict(self, state: dict) -> None:
         self.queue = list(state["queue"])
+
+
+@dataclass
+class Pick:
+    """What one step trains on: a view and, when sampling tiles, which of its tiles."""
+
+    view: int
+    tile_ids: Optional[torch.Tensor] = None  # [K] int64; None = the whole image
+    tile_mask: Optional[torch.Tensor] = None  # [TH, TW] bool
 
 
 @dataclass
@@ -146,29 +187,47 @@ class Trainer:
         self.train_masks = [None if c.mask is None else c.mask.to(self.device) for c in scene.train]
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
-        self.density = VanillaDensity(cfg.density)
+        self.density = make_density(cfg)
         self.density_state = self.density.initial_state(len(self.gaussians), device=self.device)
         self.views = ViewOrder(len(scene.train), self.generator)
+        if cfg.error_guided:
+            self.memory = ErrorMemory.from_cameras(scene.train, cfg.sampler, self.device)
+            self.sampler = TileSampler(self.memory, cfg.sampler, seed=cfg.seed)
+            self.tile_loss = TileLoss(cfg.tile_loss)
+        else:
+            self.memory = self.sampler = self.tile_loss = None
         self.stats = RunningStats()
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.bad_streak = 0
 
+    def progress(self) -> float:
+        """Fraction of the run done: of the steps, or of the time budget when there is one."""
+        done = self.step / max(self.cfg.steps, 1)
+        if self.cfg.budget_seconds:
+            done = max(done, self.elapsed / self.cfg.budget_seconds)
+        return min(done, 1.0)
+
     # --- one step -----------------------------------------------------------------
     def train_step(self) -> None:
-        cfg, step = self.cfg, self.step
-        for group in self.optimizers["means"].param_groups:
-            group["lr"] = means_lr(step, cfg, self.extent)
-        if step > 0 and step % cfg.sh_increase_every == 0:
-            self.gaussians.active_sh_degree = min(self.gaussians.active_sh_degree + 1, cfg.sh_degree)
+        """pick -> render -> loss -> backward -> error memory -> density control -> optimizer."""
+        cfg, progress = self.cfg, self.progress()
+        self.apply_schedules(progress)
 
-        index = self.views.next()
-        camera = self.scene.train[index]
-        gt, mask = self.train_images[index], self.train_masks[index]
+        pick = self.pick(progress)
+        camera = self.scene.train[pick.view]
+        gt, mask = self.train_images[pick.view], self.train_masks[pick.view]
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
+        probe = make_probe(len(self.gaussians), self.device) if self.wants_blame(progress) else None
 
-        out = render(self.gaussians, camera, background=background)
-        loss = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim)
+        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=probe)
+        if self.tile_loss is not None:
+            loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
+        else:
+            loss, tile_errors = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim), None
+        if probe is not None:  # adds 0 to the loss; its gradient on the probe is each Gaussian's error blame
+            loss = loss + blame_term(out, pixel_error(out.image, gt, pick.tile_mask, mask), pick.tile_mask)
+        curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
         loss.backward()
 
         if not self._finite(loss):
@@ -176,13 +235,58 @@ class Trainer:
             return
         self.bad_streak = 0
         with torch.no_grad():
-            self.density.after_backward(self.density_state, step + 1, self.gaussians, self.optimizers, out,
-                                        camera.width, camera.height, self.extent)
-            for optimizer in self.optimizers.values():
-                optimizer.step()
+            if self.memory is not None:
+                self.memory.update(pick.view, pick.tile_ids, tile_errors)
+            # The optimizer steps before density control changes the rows that `out` describes.
+            for name, optimizer in self.optimizers.items():
+                if isinstance(optimizer, HybridOptimizer):
+                    optimizer.step(visible=out.visible)
+                    if curvature is not None:
+                        optimizer.update_hessian(curvature[name], visible=out.visible)
+                else:
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            mse = float(((out.image.detach().clamp(0, 1) - gt) ** 2).mean())
-        self.stats.update(loss.item(), -10 * math.log10(max(mse, 1e-10)))
+            self.density.after_backward(self.density_state, self.step + 1, self.gaussians, self.optimizers, out,
+                                        camera.width, camera.height, self.extent,
+                                        blame=None if probe is None else probe.grad, progress=progress)
+            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask))
+
+    def estimate_curvature(self, out, pick: Pick) -> Optional[Dict[str, torch.Tensor]]:
+        """Every `hessian_every` steps, a Gauss-Newton diagonal sample over the rendered pixels."""
+        if self.cfg.optimizer != "hybrid" or self.step % self.cfg.hybrid.hessian_every:
+            return None
+        height, width = out.image.shape[:2]
+        inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
+        rendered = out.image[inside]
+        scale = self.cfg.hybrid.loss_hessian_scale / max(rendered.numel(), 1)
+        return gauss_newton_diagonal_sample(rendered, dict(self.gaussians.params.items()), self.generator,
+                                            loss_hessian_scale=scale)
+
+    def run_step(self) -> float:
+        """One timed step: the training clock counts it, GPU work included."""
+        started = time.perf_counter()
+        self.train_step()
+        self.step += 1
+        synchronize(self.device)
+        seconds = time.perf_counter() - started
+        self.elapsed += seconds
+        return seconds
+
+    def apply_schedules(self, progress: float) -> None:
+        """Position learning-rate decay and SH growth, both as functions of progress."""
+        for group in self.optimizers["means"].param_groups:
+            group["lr"] = means_lr(progress, self.cfg, self.extent)
+        nominal_step = int(progress * self.cfg.steps)
+        self.gaussians.active_sh_degree = min(nominal_step // self.cfg.sh_increase_every, self.cfg.sh_degree)
+
+    def pick(self, progress: float) -> Pick:
+        if self.sampler is None:
+            return Pick(self.views.next())
+        sample = self.sampler.sample(progress)
+        return Pick(sample.view, sample.tile_ids, sample.tile_mask)
+
+    def wants_blame(self, progress: float) -> bool:
+        return isinstance(self.density, ErrorDrivenDensity) and self.density.needs_blame(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
         if not torch.isfinite(loss):
@@ -209,6 +313,8 @@ class Trainer:
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "density": self.density_state,
             "views": self.views.state_dict(),
+            "error_memory": None if self.memory is None else self.memory.state_dict(),
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "elapsed": self.elapsed,
@@ -224,6 +330,9 @@ class Trainer:
             optimizer.load_state_dict(state["optimizers"][name])
         self.density_state = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["density"].items()}
         self.views.load_state_dict(state["views"])
+        if self.memory is not None:
+            self.memory.load_state_dict(state["error_memory"])
+            self.sampler.load_state_dict(state["sampler"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.elapsed = state["elapsed"]
@@ -241,22 +350,20 @@ class Trainer:
                    unit="step", desc="train")
         viewer = opt.viewer
         try:
-            while self.step < cfg.steps:
+            while self.progress() < 1.0:
                 if viewer is not None:
                     viewer.wait_if_paused()
                     if viewer.stop_requested:
                         self.log(f"stopped from the viewer at step {self.step}")
                         break
-                started = time.perf_counter()
-                self.train_step()
-                self.step += 1
-                self.elapsed += time.perf_counter() - started
+                self.run_step()
 
                 bar.update(1)
                 bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
                                 gaussians=len(self.gaussians), skipped=self.stats.skipped_steps, refresh=False)
                 if viewer is not None:
-                    viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw, None)
+                    viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
+                                  None if self.memory is None else self.memory.view_error)
                 if self._checkpoint_due(last_checkpoint):
                     self.save_checkpoint()
                     last_checkpoint = time.perf_counter()

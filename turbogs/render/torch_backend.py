@@ -7,8 +7,11 @@ conventions, so that `turbogs.ops` can pick either by device:
 - `spherical_harmonics`: view-dependent color,
 - `intersect_tiles`: tile/Gaussian pairs sorted by (tile, depth), vectorized
   (gsplat's `_torch_impl._isect_tiles` is a Python loop, far too slow to train with),
-- `rasterize`: front-to-back alpha compositing, tile by tile, differentiable by autograd
-  (gsplat's own torch rasterizer needs CUDA).
+- `rasterize`: front-to-back alpha compositing, tile by tile, differentiable through a
+  hand-written backward (gsplat's own torch rasterizer needs CUDA).
+
+All of them work on whatever device their inputs are on; `turbogs.ops` sends them CPU
+tensors. tests/test_render.py checks them against per-pixel brute force with autograd.
 """
 
 from __future__ import annotations
@@ -68,8 +71,14 @@ def project(
     """
     covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_covar=True, compute_preci=False)
     means_c, covars_c = _world_to_cam(means, covars, viewmat[None])  # [1, N, 3], [1, N, 3, 3]
+    depths = means_c[0, :, 2]
+    in_depth = (depths >= near_plane) & (depths <= far_plane)
+    # Gaussians outside the depth range are projected from a harmless stand-in point, so
+    # that one at the camera's plane cannot put inf * 0 = NaN into the gradients.
+    stand_in = torch.tensor([0.0, 0.0, 1.0], dtype=means.dtype, device=means.device)
+    means_c = torch.where(in_depth[:, None], means_c[0], stand_in)[None]
     means2d, cov2d = _persp_proj(means_c, covars_c, K[None], width, height)
-    means2d, cov2d, depths = means2d[0], cov2d[0], means_c[0, :, 2]
+    means2d, cov2d = means2d[0], cov2d[0]
 
     # Low-pass filter: every splat covers at least about a pixel.
     var_x = cov2d[:, 0, 0] + eps2d
@@ -79,7 +88,7 @@ def project(
 
     with torch.no_grad():
         radius = torch.ceil(RADIUS_EXTENT * torch.stack([var_x, var_y], dim=-1).clamp_min(0).sqrt())
-        visible = (depths >= near_plane) & (depths <= far_plane) & (det > 0)
+        visible = in_depth & (det > 0)
         visible &= (means2d[:, 0] + radius[:, 0] > 0) & (means2d[:, 0] - radius[:, 0] < width)
         visible &= (means2d[:, 1] + radius[:, 1] > 0) & (means2d[:, 1] - radius[:, 1] < height)
         radii = torch.where(visible[:, None], radius, 0).int()

@@ -1,0 +1,461 @@
+"""Error-driven density control: the blame from the zero probe equals a brute-force sum
+over pixels and Gaussians, changes no other gradient and never reads unsampled pixels;
+growth, pruning, the budget and the optimizer state follow the rules, checked on states
+built by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from turbogs import ops
+from turbogs.data.scene import Camera
+from turbogs.density.error_driven import (
+    ErrorDensityConfig,
+    ErrorDrivenDensity,
+    blame_term,
+    decay_opacity,
+    exposed_gaussians,
+    make_probe,
+    pixel_error,
+    sampled_pixels,
+)
+from turbogs.errors import InputError
+from turbogs.gaussians import PARAM_NAMES, Gaussians, num_sh_bases
+from turbogs.render import render
+from turbogs.turbo.losses import TileLoss
+
+SIZE = 32  # 2 x 2 tiles
+TILE_IDS = torch.tensor([0, 3])  # two diagonal tiles of four
+TILE_MASK = torch.tensor([[True, False], [False, True]])
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+# --- a tiny real scene ---------------------------------------------------------------
+
+
+def make_camera(width: int = SIZE, height: int = SIZE) -> Camera:
+    K = torch.tensor([[36.0, 0.0, width / 2 + 0.3], [0.0, 34.0, height / 2 - 0.2], [0.0, 0.0, 1.0]])
+    world_to_cam = torch.eye(4)
+    world_to_cam[:3, 3] = torch.tensor([0.05, -0.03, 0.1])
+    return Camera(name="cam", width=width, height=height, K=K, world_to_cam=world_to_cam)
+
+
+def make_scene_gaussians(n: int = 10, seed: int = 0) -> Gaussians:
+    """Overlapping Gaussians in front of the camera, several straddling tile borders."""
+    g = torch.Generator().manual_seed(seed)
+    params = {
+        "means": torch.randn(n, 3, generator=g) * torch.tensor([0.5, 0.5, 0.3]) + torch.tensor([0.0, 0.0, 3.0]),
+        "scales": torch.log(0.08 + 0.2 * torch.rand(n, 3, generator=g)),
+        "quats": torch.randn(n, 4, generator=g),
+        "opacities": torch.randn(n, generator=g),
+        "sh0": torch.randn(n, 1, 3, generator=g) * 0.8,
+        "shN": torch.randn(n, num_sh_bases(1) - 1, 3, generator=g) * 0.2,
+    }
+    return Gaussians(params, sh_degree=1, active_sh_degree=1)
+
+
+def target_image(seed: int = 5) -> torch.Tensor:
+    return torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def brute_force_weights(gaussians: Gaussians, camera: Camera, pixels):
+    """w_i(p) = alpha_i(p) T_i(p) for the listed (x, y) pixels, one pixel and one Gaussian
+    at a time in depth order, with gsplat's rules. Returns {pixel: {gaussian: w}}."""
+    with torch.no_grad():
+        radii, means2d, depths, conics = ops.project(
+            gaussians.means, gaussians.quats, gaussians.scales, camera.world_to_cam, camera.K,
+            camera.width, camera.height, 0.01, 1e10, 0.3,
+        )
+        opacity = gaussians.opacities
+    visible = (radii > 0).all(-1)
+    order = [int(i) for i in torch.argsort(depths) if visible[i]]
+    m, q, o = means2d.double().tolist(), conics.double().tolist(), opacity.double().tolist()
+    weights = {}
+    for x, y in pixels:
+        px, py, T, w = x + 0.5, y + 0.5, 1.0, {}
+        for i in order:
+            dx, dy = m[i][0] - px, m[i][1] - py
+            sigma = 0.5 * (q[i][0] * dx * dx + q[i][2] * dy * dy) + q[i][1] * dx * dy
+            alpha = min(0.999, o[i] * math.exp(-sigma))
+            if sigma < 0 or alpha < 1.0 / 255.0:
+                continue
+            if T * (1 - alpha) <= 1e-4:
+                break
+            w[i] = alpha * T
+            T *= 1 - alpha
+        weights[(x, y)] = w
+    return weights
+
+
+def render_with_blame(gaussians, camera, gt, error_map=None, probe_value=0.0, add_term=True):
+    """One training-step forward and backward as the trainer does it; returns the probe."""
+    probe = make_probe(len(gaussians))
+    if probe_value:
+        probe = torch.full_like(probe, probe_value).requires_grad_(True)
+    out = render(gaussians, camera, tile_mask=TILE_MASK, extra_features=probe)
+    loss, _ = TileLoss()(out.image, gt, TILE_IDS)
+    if error_map is None:
+        error_map = pixel_error(out.image, gt, TILE_MASK)
+    if add_term:
+        loss = loss + blame_term(out, error_map, TILE_MASK)
+    loss.backward()
+    return probe, out, loss
+
+
+def param_grads(gaussians):
+    grads = {name: gaussians.params[name].grad.clone() for name in PARAM_NAMES}
+    for param in gaussians.params.values():
+        param.grad = None
+    return grads
+
+
+# --- the blame -----------------------------------------------------------------------
+
+
+def test_blame_equals_brute_force_sum_over_sampled_pixels():
+    gaussians, camera, gt = make_scene_gaussians(), make_camera(), target_image()
+    probe, out, _ = render_with_blame(gaussians, camera, gt)
+    err = pixel_error(out.image, gt, TILE_MASK)
+
+    inside = sampled_pixels(TILE_MASK, SIZE, SIZE)
+    pixels = [(x, y) for y in range(SIZE) for x in range(SIZE) if inside[y, x]]
+    assert len(pixels) == 2 * 16 * 16
+    weights = brute_force_weights(gaussians, camera, pixels)
+    expected_blame = torch.zeros(len(gaussians), dtype=torch.float64)
+    expected_cover = torch.zeros(len(gaussians), dtype=torch.float64)
+    for (x, y), w in weights.items():
+        e = abs(out.image[y, x].detach().double() - gt[y, x].double()).mean()
+        for i, wi in w.items():
+            expected_blame[i] += wi * e
+            expected_cover[i] += wi
+
+    assert (expected_blame > 1e-3).sum() >= 6  # most Gaussians take part: the check has teeth
+    torch.testing.assert_close(probe.grad[:, 0].double(), expected_blame, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(probe.grad[:, 1].double(), expected_cover, rtol=1e-4, atol=1e-5)
+    # The value of the term (a zero probe composites to zero) adds nothing to the loss.
+    assert float(blame_term(out, err, TILE_MASK).detach()) == 0.0
+
+
+def test_blame_term_leaves_other_gradients_unchanged():
+    gaussians, camera, gt = make_scene_gaussians(), make_camera(), target_image()
+    probe, _, loss_with = render_with_blame(gaussians, camera, gt, add_term=True)
+    with_term = param_grads(gaussians)
+    _, _, loss_without = render_with_blame(gaussians, camera, gt, add_term=False)
+    without_term = param_grads(gaussians)
+    out = render(gaussians, camera, tile_mask=TILE_MASK)
+    plain_loss, _ = TileLoss()(out.image, gt, TILE_IDS)
+    plain_loss.backward()
+    no_probe = param_grads(gaussians)
+
+    assert probe.grad.abs().sum() > 0
+    assert float(loss_with.detach()) == float(loss_without.detach()) == float(plain_loss.detach())
+    for name in PARAM_NAMES:
+        assert torch.equal(with_term[name], without_term[name]), name  # bit for bit
+        torch.testing.assert_close(with_term[name], no_probe[name], rtol=1e-5, atol=1e-8)
+
+    # The zero value is what makes this hold: a probe of ones would leak into the means.
+    render_with_blame(gaussians, camera, gt, probe_value=1.0)
+    leaky = param_grads(gaussians)
+    assert not torch.allclose(leaky["means"], without_term["means"], rtol=1e-3, atol=1e-6)
+
+
+def test_pixels_outside_sampled_tiles_never_contribute():
+    gaussians, camera, gt = make_scene_gaussians(), make_camera(), target_image()
+    inside = sampled_pixels(TILE_MASK, SIZE, SIZE)
+    probe_clean, out, _ = render_with_blame(gaussians, camera, gt)
+    clean = param_grads(gaussians)
+    error = pixel_error(out.image, gt, TILE_MASK)
+
+    # NaN in the error map outside the tiles: no effect on the blame or any gradient.
+    poisoned_error = torch.where(inside, error, torch.tensor(float("nan")))
+    probe, _, loss = render_with_blame(gaussians, camera, gt, error_map=poisoned_error)
+    assert torch.isfinite(loss)
+    assert torch.equal(probe.grad, probe_clean.grad)
+    for name, grad in param_grads(gaussians).items():
+        assert torch.equal(grad, clean[name]), name
+
+    # NaN in the rendered extra channels outside the tiles (the GPU leaves them undefined).
+    probe = make_probe(len(gaussians))
+    out = render(gaussians, camera, tile_mask=TILE_MASK, extra_features=probe)
+    out.extra = torch.where(inside[..., None], out.extra, torch.tensor(float("nan")))
+    term = blame_term(out, poisoned_error, TILE_MASK)
+    assert float(term.detach()) == 0.0
+    term.backward()
+    torch.testing.assert_close(probe.grad, probe_clean.grad)
+
+    # pixel_error itself ignores undefined pixels of the render and of the ground truth.
+    image = torch.where(inside[..., None], out.image.detach(), torch.tensor(float("nan")))
+    assert torch.equal(pixel_error(image, gt, TILE_MASK), error)
+    assert bool((error[~inside] == 0).all()) and bool((error[inside] > 0).any())
+
+
+def test_pixel_error_is_masked_mean_abs_difference():
+    g = torch.Generator().manual_seed(3)
+    image, gt, mask = torch.rand(20, 24, 3, generator=g), torch.rand(20, 24, 3, generator=g), torch.rand(20, 24, generator=g)
+    tile_mask = torch.tensor([[False, True], [True, False]])  # the last row and column are partial
+    err = pixel_error(image, gt, tile_mask, mask)
+    for y in range(20):
+        for x in range(24):
+            expected = float(sum(abs(image[y, x, c] - gt[y, x, c]) for c in range(3)) / 3 * mask[y, x]) if (x >= 16) != (y >= 16) else 0.0
+            assert abs(float(err[y, x]) - expected) < 1e-6
+
+
+def test_exposed_gaussians_match_tile_intersection():
+    """Exposed = listed in some sampled tile by the renderer's tile intersection."""
+    g = torch.Generator().manual_seed(1)
+    n, width, height = 60, 40, 30
+    means2d = torch.rand(n, 2, generator=g) * torch.tensor([60.0, 50.0]) - 10.0
+    radii = torch.randint(0, 12, (n,), generator=g)
+    depths = torch.rand(n, generator=g) + 1.0
+    tile_mask = torch.tensor([[True, False, False], [False, False, True]])
+    exposed = exposed_gaussians(means2d, radii, tile_mask, width, height)
+    _, flatten_ids = ops.intersect_tiles(means2d, torch.stack([radii, radii], -1).int(), depths, 16, 3, 2, tile_mask)
+    expected = torch.zeros(n, dtype=torch.bool)
+    expected[flatten_ids.long()] = True
+    assert torch.equal(exposed, expected)
+    assert 0 < int(exposed.sum()) < int((radii > 0).sum())  # the mask excludes some visible ones
+    everything = exposed_gaussians(means2d, radii, None, width, height)
+    assert int(everything.sum()) > int(exposed.sum())
+
+
+# --- hand-made states -----------------------------------------------------------------
+
+
+def make_gaussians(log_scales, opacities, seed=0):
+    """Gaussians whose sh0[:, 0, 0] holds the row's id, so rows can be tracked."""
+    n = len(log_scales)
+    g = torch.Generator().manual_seed(seed)
+    params = {
+        "means": torch.randn(n, 3, generator=g),
+        "scales": torch.tensor(log_scales, dtype=torch.float32)[:, None].repeat(1, 3),
+        "quats": torch.randn(n, 4, generator=g),
+        "opacities": torch.logit(torch.tensor(opacities, dtype=torch.float32)),
+        "sh0": torch.randn(n, 1, 3, generator=g),
+        "shN": torch.randn(n, 3, 3, generator=g),
+    }
+    params["sh0"][:, 0, 0] = torch.arange(n, dtype=torch.float32)
+    return Gaussians(params, sh_degree=1)
+
+
+def make_optimizers(gaussians):
+    return {name: torch.optim.Adam([gaussians.params[name]], lr=0.0 if name == "sh0" else 0.01) for name in PARAM_NAMES}
+
+
+def ids(gaussians):
+    return gaussians.params["sh0"].detach()[:, 0, 0].round().long().tolist()
+
+
+def hand_state(n, blame, weight=None, exposed=None):
+    return {
+        "blame": torch.tensor(blame, dtype=torch.float32),
+        "weight": torch.full((n,), 10.0) if weight is None else torch.tensor(weight, dtype=torch.float32),
+        "exposed": torch.full((n,), 10.0) if exposed is None else torch.tensor(exposed, dtype=torch.float32),
+    }
+
+
+SMALL, LARGE = math.log(0.005), math.log(0.3)  # vs percent_dense 0.01 x extent 1
+
+
+def test_growth_where_blame_is_high_clones_small_and_splits_large():
+    log_scales = [SMALL, SMALL, LARGE, LARGE, LARGE, SMALL, LARGE, SMALL]
+    gaussians = make_gaussians(log_scales, [0.5] * 8)
+    before = gaussians.raw()
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=1.5, grow_fraction=1.0, max_gaussians=100))
+    state = strategy.initial_state(8)
+    state.update(hand_state(8, [0.01, 1.0, 0.01, 0.01, 2.0, 0.01, 0.02, 0.0]))
+    stats = strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
+
+    assert (stats["n_cloned"], stats["n_split"], stats["n_pruned"]) == (1, 1, 0)
+    assert ids(gaussians) == [0, 1, 2, 3, 5, 6, 7, 1, 4, 4]
+    after = gaussians.raw()
+    for name in PARAM_NAMES:  # the clone is an exact copy
+        assert torch.equal(after[name][7], before[name][1]), name
+    torch.testing.assert_close(after["scales"][8:], before["scales"][[4, 4]] - math.log(1.6))
+    assert not torch.equal(after["means"][8], before["means"][4])
+    assert all(float(v.abs().sum()) == 0 for v in state.values())  # the window restarted
+    assert all(v.shape[0] == 10 for v in state.values())
+
+
+def test_growth_takes_highest_blame_within_budget_and_fraction():
+    gaussians = make_gaussians([SMALL, LARGE, SMALL, LARGE, SMALL, SMALL], [0.5] * 6)
+    cfg = ErrorDensityConfig(grow_ratio=0.0, grow_fraction=1.0, max_gaussians=8, budget_start=6,
+                             densify_from=0.0, budget_full_at=1.0)
+    strategy = ErrorDrivenDensity(cfg)
+    state = strategy.initial_state(6)
+    state.update(hand_state(6, [0.3, 0.9, 0.1, 0.5, 0.7, 0.2]))
+    assert strategy.budget_at(0.5) == 7
+    strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.5)
+    assert ids(gaussians) == [0, 2, 3, 4, 5, 1, 1]  # only the top score (a split) fits
+
+    # The per-densification fraction limits growth even with room to spare.
+    gaussians = make_gaussians([SMALL] * 10, [0.5] * 10)
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=0.0, grow_fraction=0.2, max_gaussians=100))
+    state = strategy.initial_state(10)
+    # The score is blame per exposure: row 9 has the largest sum but was seen 4x as often.
+    state.update(hand_state(10, [0.1 * i for i in range(10)], exposed=[10.0] * 9 + [40.0]))
+    strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
+    assert ids(gaussians) == list(range(10)) + [7, 8]  # the top two; clones follow in row order
+
+
+def test_pruning_by_opacity_size_and_hidden():
+    log_scales = [SMALL, SMALL, math.log(1e-6), SMALL, SMALL, SMALL, LARGE]
+    opacities = [0.5, 0.001, 0.5, 0.5, 0.5, 0.5, 0.5]
+    gaussians = make_gaussians(log_scales, opacities)
+    cfg = ErrorDensityConfig(hidden_weight=0.01, hidden_min_exposures=5, prune_min_scale=1e-4, max_gaussians=100)
+    strategy = ErrorDrivenDensity(cfg)
+    state = strategy.initial_state(7)
+    #            normal  opacity  tiny   hidden  unseen  too-few  normal
+    weight = [5.0, 5.0, 5.0, 0.05, 0.0, 0.0, 5.0]
+    exposed = [10.0, 10.0, 10.0, 10.0, 0.0, 3.0, 10.0]
+    state.update(hand_state(7, [0.0] * 7, weight, exposed))
+    stats = strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
+    assert ids(gaussians) == [0, 4, 5, 6]
+    assert (stats["n_pruned_opacity"], stats["n_pruned_tiny"], stats["n_pruned_hidden"], stats["n_pruned"]) == (1, 1, 1, 3)
+    assert stats["n_cloned"] == stats["n_split"] == 0  # no blame, no growth
+
+
+@pytest.mark.parametrize("split_into", [2, 3])
+def test_budget_cap_holds_at_every_progress(split_into):
+    cfg = ErrorDensityConfig(densify_from=0.1, budget_full_at=0.6, max_gaussians=60, grow_ratio=0.0,
+                             grow_fraction=1.0, split_into=split_into)
+    strategy = ErrorDrivenDensity(cfg)
+    n0 = 20
+    gaussians = make_gaussians([SMALL, LARGE] * (n0 // 2), [0.5] * n0)
+    optimizers = make_optimizers(gaussians)
+    state = strategy.initial_state(n0)
+
+    grid = [i / 100 for i in range(101)]
+    budgets = [strategy.budget_at(p) for p in grid]
+    assert budgets == sorted(budgets) and budgets[0] == budgets[10] == n0 and budgets[60] == budgets[-1] == 60
+    assert budgets[35] == n0 + 20  # halfway up the ramp
+
+    g = torch.Generator().manual_seed(0)
+    for progress in grid:
+        state["blame"] = torch.rand(len(gaussians), generator=g) + 0.1
+        state["exposed"].fill_(10.0)
+        state["weight"].fill_(10.0)
+        strategy.densify_and_prune(state, gaussians, optimizers, 1.0, progress)
+        assert len(gaussians) <= strategy.budget_at(progress), progress
+    assert len(gaussians) >= 60 - (split_into - 1) + 1  # growth does fill the budget
+
+
+def test_optimizer_state_consistent_after_densify():
+    gaussians = make_gaussians([SMALL, LARGE, SMALL, LARGE, SMALL, SMALL], [0.5, 0.5, 0.001, 0.5, 0.5, 0.5])
+    optimizers = make_optimizers(gaussians)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        for param in gaussians.params.values():
+            param.grad = torch.randn(param.shape, generator=g)
+        for opt in optimizers.values():
+            opt.step()
+    before = {name: {m: optimizers[name].state[gaussians.params[name]][m].clone() for m in MOMENTS + ("step",)}
+              for name in PARAM_NAMES}
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=1.0, grow_fraction=1.0, max_gaussians=100))
+    state = strategy.initial_state(6)
+    state.update(hand_state(6, [0.0, 3.0, 0.0, 0.0, 3.0, 0.0]))
+    strategy.densify_and_prune(state, gaussians, optimizers, 1.0, progress=0.9)
+
+    # Row 2 pruned (opacity), row 4 cloned, row 1 split in two.
+    assert ids(gaussians) == [0, 3, 4, 5, 4, 1, 1]
+    kept = [0, 3, 4, 5]
+    for name in PARAM_NAMES:
+        param = gaussians.params[name]
+        assert optimizers[name].param_groups[0]["params"] == [param]
+        assert list(optimizers[name].state.keys()) == [param]
+        state_now = optimizers[name].state[param]
+        assert torch.equal(state_now["step"], before[name]["step"])
+        for m in MOMENTS:
+            assert state_now[m].shape == param.shape
+            assert torch.equal(state_now[m][:4], before[name][m][kept]), (name, m)
+            assert float(state_now[m][4:].abs().sum()) == 0.0, (name, m)
+        assert param.grad is not None and param.grad.shape == param.shape
+    for opt in optimizers.values():  # and the next step runs
+        opt.step()
+
+
+def test_after_backward_schedule_with_real_renders():
+    """Three trainer steps with real renders: statistics accumulate every step, the
+    densification fires only on schedule inside the window, Adam keeps stepping."""
+    gaussians, camera, gt = make_scene_gaussians(12, seed=4), make_camera(), target_image()
+    optimizers = make_optimizers(gaussians)
+    cfg = ErrorDensityConfig(densify_every=2, densify_from=0.1, densify_until=0.8, grow_fraction=0.5,
+                             max_gaussians=16, budget_full_at=0.5, hidden_min_exposures=1)
+    strategy = ErrorDrivenDensity(cfg)
+    state = strategy.initial_state(len(gaussians))
+    history = []
+    for step, progress in [(1, 0.2), (2, 0.3), (3, 0.4), (4, 0.9)]:
+        probe = strategy.make_probe(len(gaussians)) if strategy.needs_blame(progress) else None
+        out = render(gaussians, camera, tile_mask=TILE_MASK, extra_features=probe)
+        loss, _ = TileLoss()(out.image, gt, TILE_IDS)
+        if probe is not None:
+            loss = loss + blame_term(out, pixel_error(out.image, gt, TILE_MASK), TILE_MASK)
+        loss.backward()
+        exposed_now = exposed_gaussians(out.means2d, out.radii, TILE_MASK, SIZE, SIZE)
+        before = {k: v.clone() for k, v in state.items()}
+        stats = strategy.after_backward(state, step, gaussians, optimizers, out, SIZE, SIZE, 1.0,
+                                        blame=None if probe is None else probe.grad, progress=progress)
+        history.append(stats)
+        if step in (1, 3):  # accumulated, not densified
+            assert not stats["densified"]
+            torch.testing.assert_close(state["blame"], before["blame"] + probe.grad[:, 0])
+            torch.testing.assert_close(state["weight"], before["weight"] + probe.grad[:, 1])
+            assert torch.equal(state["exposed"], before["exposed"] + exposed_now)
+        for opt in optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        assert all(v.shape[0] == len(gaussians) for v in state.values())
+        assert stats["n_gaussians"] == len(gaussians) <= stats["budget"]
+    assert [s["densified"] for s in history] == [False, True, False, False]
+    assert history[1]["n_cloned"] + history[1]["n_split"] > 0
+    assert history[1]["n_gaussians"] > 12 - history[1]["n_pruned"]
+    assert history[3]["n_gaussians"] == history[2]["n_gaussians"]  # past densify_until: nothing
+
+    with pytest.raises(RuntimeError, match="blame"):
+        strategy.after_backward(state, 5, gaussians, optimizers, out, SIZE, SIZE, 1.0, blame=None, progress=0.3)
+
+
+def test_opacity_decay_scales_opacity_and_keeps_moments():
+    gaussians = make_gaussians([SMALL] * 4, [0.2, 0.5, 0.9, 0.99])
+    optimizers = make_optimizers(gaussians)
+    gaussians.params["opacities"].grad = torch.ones(4)
+    optimizers["opacities"].step()
+    moments = optimizers["opacities"].state[gaussians.params["opacities"]]["exp_avg"].clone()
+    before = gaussians.opacities.detach().clone()
+    decay_opacity(gaussians, 0.9)
+    torch.testing.assert_close(gaussians.opacities.detach(), before * 0.9)
+    assert torch.equal(optimizers["opacities"].state[gaussians.params["opacities"]]["exp_avg"], moments)
+
+    # Wired into densification: applied after growth, to every Gaussian.
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(opacity_decay=0.5, max_gaussians=100))
+    state = strategy.initial_state(4)
+    before = gaussians.opacities.detach().clone()
+    strategy.densify_and_prune(state, gaussians, optimizers, 1.0, progress=0.5)
+    torch.testing.assert_close(gaussians.opacities.detach(), before * 0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"densify_from": 0.5, "densify_until": 0.4},
+        {"densify_until": 1.5},
+        {"budget_full_at": 0.01},
+        {"densify_every": 0},
+        {"max_gaussians": 0},
+        {"grow_fraction": 0.0},
+        {"opacity_decay": 1.5},
+        {"hidden_weight": -1.0},
+    ],
+)
+def test_bad_config_raises_input_error(kwargs):
+    with pytest.raises(InputError, match="error density setting"):
+        ErrorDensityConfig(**kwargs)
+
+
+def test_blame_term_rejects_render_without_probe():
+    gaussians, camera = make_scene_gaussians(), make_camera()
+    out = render(gaussians, camera, tile_mask=TILE_MASK)
+    with pytest.raises(ValueError, match="make_probe"):
+        blame_term(out, torch.zeros(SIZE, SIZE), TILE_MASK)

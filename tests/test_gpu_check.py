@@ -1,0 +1,140 @@
+"""benchmarks/gpu_check.sh: its dry run passes on a CPU machine, and its carry check
+finds what a bare GPU machine would lack.
+
+The carry folder is a fake one made here: tiny wheels that hold only their METADATA
+(the dependencies of the real gsplat 1.5.3, plyfile and viser 1.1.1, cut down), and the
+demo scene standing in for the test capture.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import cv2
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
+
+# name, version, Requires-Dist lines. Markers that do not hold on the GPU machine
+# (extras, old Pythons, Windows) must not count as needs.
+FAKE_WHEELS = [
+    ("gsplat", "1.5.3", ["ninja", "numpy", "jaxtyping", "rich>=12", "torch",
+                         'typing_extensions; python_version < "3.8"', 'black[jupyter]==22.3.0; extra == "dev"']),
+    ("plyfile", "1.1.5", ["numpy>=2.0"]),
+    ("viser", "1.1.1", ["imageio<3.0.0,>=2.0.0", "websockets<17.0.0,>=13.1", "rich<15.0.0,>=13.3.3", "tqdm",
+                        "typing-extensions>=4.0.0", "gdown>=4.6.6; extra == 'dev'",
+                        "pywin32; sys_platform == 'win32'"]),
+    ("imageio", "2.38.2", ["numpy", "pillow>=8.3.2"]),
+    ("pillow", "12.0.0", []),
+    ("websockets", "16.0", []),
+]
+
+
+def make_wheel(folder: Path, name: str, version: str, requires, tag: str = "py3-none-any") -> Path:
+    """A valid wheel with no code: METADATA, WHEEL and RECORD."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = {
+        f"{dist_info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+        f"{dist_info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = "\n".join(record) + "\n"
+    path = folder / f"{name}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+    return path
+
+
+@pytest.fixture
+def fake_carry(tmp_path):
+    carry = tmp_path / "carry"
+    (carry / "wheels").mkdir(parents=True)
+    for name, version, requires in FAKE_WHEELS:
+        make_wheel(carry / "wheels", name, version, requires)
+    scene = carry / "test_colmap"
+    shutil.copytree(REPO / "scenes" / "demo", scene)
+    # A tenth of the SfM points: the dry run's training and step-cost phases stay quick.
+    points = scene / "sparse" / "0" / "points3D.txt"
+    lines = points.read_text().splitlines()
+    header = [line for line in lines if line.startswith("#")]
+    body = [line for line in lines if not line.startswith("#")]
+    points.write_text("\n".join(header + body[:300]) + "\n")
+    return carry
+
+
+def run_script(*args, carry: Path, tmp_path: Path, timeout: int = 240, **env):
+    environment = {**os.environ, "CARRY_DIR": str(carry), "OUT": str(tmp_path / "out"),
+                   "SITE_DIR": str(tmp_path / "site"), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_carry(carry: Path, tmp_path: Path):
+    result = run_script("--check-carry", carry=carry, tmp_path=tmp_path, timeout=60)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_complete_carry_passes_the_check(fake_carry, tmp_path):
+    code, output = check_carry(fake_carry, tmp_path)
+    assert code == 0, output
+    assert "MISSING" not in output and "BAD" not in output
+
+
+def test_a_missing_dependency_is_named(fake_carry, tmp_path):
+    (fake_carry / "wheels" / "pillow-12.0.0-py3-none-any.whl").unlink()
+    code, output = check_carry(fake_carry, tmp_path)
+    assert code == 1
+    assert "MISSING  pillow>=8.3.2  (needed by imageio 2.38.2; not carried)" in output
+    listed = run_script("--list-missing", carry=fake_carry, tmp_path=tmp_path, timeout=60).stdout.split()
+    assert listed == ["pillow>=8.3.2"]  # what prepare_carry.sh would download next
+
+
+def test_a_wrong_version_or_platform_is_caught(fake_carry, tmp_path):
+    (fake_carry / "wheels" / "gsplat-1.5.3-py3-none-any.whl").unlink()
+    make_wheel(fake_carry / "wheels", "gsplat", "1.5.2", ["torch"])
+    (fake_carry / "wheels" / "websockets-16.0-py3-none-any.whl").unlink()
+    make_wheel(fake_carry / "wheels", "websockets", "16.0", [], tag="cp312-cp312-win_amd64")
+    code, output = check_carry(fake_carry, tmp_path)
+    assert code == 1
+    assert "MISSING  gsplat==1.5.3  (needed by the project; carried 1.5.2 does not match)" in output
+    assert "BAD      websockets-16.0-cp312-cp312-win_amd64.whl" in output
+
+
+def test_dry_run_passes_on_cpu(fake_carry, tmp_path):
+    result = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, DRY_RUN_STEPS="4", DRY_RUN_RESOLUTION="1")
+    out = tmp_path / "out"
+    log = (out / "gpu_check.log").read_text() if (out / "gpu_check.log").is_file() else ""
+    assert result.returncode == 0, result.stdout[-3000:] + log[-3000:]
+    summary = result.stdout[result.stdout.index("=== summary"):]
+    for phase in ("environment", "carry", "install", "cuda tests", "bench", "step cost", "outputs"):
+        assert f"PASS  {phase} (" in summary, summary
+    assert "SKIP  builds" in summary
+    assert "dry run: CUDA builds skipped" in log
+
+    # The editable install made turbogs.viewer importable from the site folder alone.
+    assert (tmp_path / "site" / "sitecustomize.py").is_file()
+    assert list((tmp_path / "site").glob("__editable__*turbogs*.pth"))
+    # The CUDA tests were collected (and skipped: no GPU here).
+    assert "skipped" in (out / "pytest.log").read_text()
+
+    bench = json.loads((out / "bench" / "bench.json").read_text())
+    assert bench["device"] == "cpu" and bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
+    assert all(entry["steps"] == 4 for entry in bench["presets"].values())
+    assert cv2.imread(str(out / "bench" / "psnr_vs_time.png")) is not None
+    assert json.loads((out / "bench" / "step_cost.json").read_text())["device"] == "cpu"
+    assert "self_cpu_time_total" in (out / "bench" / "profile.txt").read_text()
+    # Only the few files the device tool brings back.
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files)

@@ -1,0 +1,365 @@
+"""Error-driven density control: grow where the image is still wrong, prune what adds nothing.
+
+Vanilla 3DGS grows where the view-space positional gradient is large, a proxy for error.
+TurboGS asks the error directly. Each step renders only some tiles, and for those tiles
+it knows the per-pixel error err(p). Gaussian i's *blame* is its share of that error,
+
+    blame_i = sum_p w_i(p) * err(p),        w_i(p) = alpha_i(p) * T_i(p),
+
+the blending weight it has in pixel p times the error there, summed over the sampled
+pixels. Its *coverage* is the same sum with err = 1, its total blending weight.
+
+How the blame is measured in the ordinary backward pass: the renderer composites
+per-Gaussian extra features like colors, extra(p) = sum_i w_i(p) f_i. Render two extra
+channels from a probe f = 0 [N, 2] that requires grad, and add to the loss
+
+    blame_term = sum_p extra_0(p) * err(p) + extra_1(p) * 1     (sampled pixels only).
+
+Its gradient with respect to the probe is exactly (blame_i, coverage_i), because w does
+not depend on f. Because the probe is zero, the term's value is 0 and its gradient with
+respect to every other parameter, sum_p sum_i (d w_i(p) / d theta) f_i err(p), is 0 too:
+the extra channels add a zero color, so the weights' gradients get nothing from them.
+One backward pass, no second graph, and the other gradients are exactly those of the
+loss alone.
+
+The strategy keeps three per-Gaussian sums over a window (since the last densification):
+blame, coverage, and the number of steps in which the Gaussian's screen footprint
+overlapped a sampled tile ("exposures"). Every `densify_every` steps while the run's
+progress is in [densify_from, densify_until) it
+1. prunes Gaussians that are nearly transparent (opacity), tiny (largest scale below a
+   floor), or hidden (exposed often, yet almost no blending weight: occluded or faint);
+2. grows the Gaussians with the highest blame per exposure: clones the small ones
+   (a region needs one more Gaussian), splits the large ones (one blob covers detail it
+   cannot represent), within a budget;
+3. optionally decays every opacity, so that Gaussians the loss does not keep opaque
+   fall below the pruning threshold later.
+
+The budget, `budget_at(progress)`, rises linearly from the starting count to
+`max_gaussians`; growth never takes the count above it. The turbo preset runs for a
+wall-clock budget, so every schedule here is a function of the elapsed fraction
+`progress` in [0, 1], not of the step number.
+
+A trainer step (see `ErrorDrivenDensity.after_backward` for the exact call):
+
+    probe = strategy.make_probe(len(gaussians), device) if strategy.needs_blame(progress) else None
+    out = render(gaussians, camera, tile_mask=sample.tile_mask, extra_features=probe)
+    loss, tile_errors = tile_loss(out.image, gt, sample.tile_ids, mask)
+    if probe is not None:
+        err = pixel_error(out.image, gt, sample.tile_mask, mask)
+        loss = loss + blame_term(out, err, sample.tile_mask)
+    loss.backward()
+    stats = strategy.after_backward(state, step, gaussians, optimizers, out, W, H, extent,
+                                    blame=None if probe is None else probe.grad, progress=progress)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from turbogs.density import rows
+from turbogs.errors import InputError
+from turbogs.gaussians import Gaussians
+from turbogs.render import TILE_SIZE, tile_grid
+
+PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
+
+
+# --- measuring blame -----------------------------------------------------------------
+
+
+def make_probe(n: int, device=None, dtype=torch.float32) -> Tensor:
+    """The zero [N, 2] leaf to render as `extra_features`; after backward its `.grad` holds
+    (blame, coverage) per Gaussian. Zero, so that the blame term changes no other gradient."""
+    return torch.zeros(n, PROBE_CHANNELS, device=device, dtype=dtype, requires_grad=True)
+
+
+def sampled_pixels(tile_mask: Optional[Tensor], width: int, height: int, device=None,
+                   tile_size: int = TILE_SIZE) -> Tensor:
+    """[H, W] bool: True at the pixels of the sampled tiles (everywhere when tile_mask is None)."""
+    if tile_mask is None:
+        return torch.ones(height, width, dtype=torch.bool, device=device)
+    tile_width, tile_height = tile_grid(width, height, tile_size)
+    if tuple(tile_mask.shape) != (tile_height, tile_width):
+        raise ValueError(f"tile_mask has shape {tuple(tile_mask.shape)}, expected {(tile_height, tile_width)} "
+                         f"for a {width}x{height} image")
+    tile_mask = tile_mask.to(device=device, dtype=torch.bool)
+    full = tile_mask.repeat_interleave(tile_size, dim=0).repeat_interleave(tile_size, dim=1)
+    return full[:height, :width]
+
+
+@torch.no_grad()
+def pixel_error(image: Tensor, gt: Tensor, tile_mask: Optional[Tensor] = None,
+                mask: Optional[Tensor] = None) -> Tensor:
+    """Per-pixel error for the blame: |image - gt| averaged over the channels, times the
+    optional loss mask [H, W]; exactly 0 outside the sampled tiles, whatever the renderer
+    left there (NaN included). Detached: it weights the blame, it is not trained through."""
+    height, width = image.shape[:2]
+    inside = sampled_pixels(tile_mask, width, height, image.device)
+    err = (image - gt.to(image)).abs().mean(dim=-1)
+    if mask is not None:
+        err = err * mask.to(err)
+    return torch.where(inside, err, torch.zeros((), dtype=err.dtype, device=err.device))
+
+
+def blame_term(out, pixel_error_map: Tensor, tile_mask: Optional[Tensor] = None) -> Tensor:
+    """A scalar to ADD to the loss. Its value is 0, it leaves every other gradient as it is,
+    and its gradient with respect to the probe rendered as `out.extra` is, per Gaussian,
+    (sum_p w_i(p) err(p), sum_p w_i(p)) over the pixels of the sampled tiles.
+
+    out: a RenderOutput rendered with extra_features = make_probe(...).
+    pixel_error_map: [H, W] error, read only inside the sampled tiles.
+    tile_mask: [TH, TW] the sampled tiles (None = the whole image)."""
+    extra = out.extra
+    if extra is None or extra.shape[-1] != PROBE_CHANNELS:
+        raise ValueError(f"blame_term needs a render with extra_features = make_probe(n) ({PROBE_CHANNELS} channels)")
+    height, width = extra.shape[:2]
+    if tuple(pixel_error_map.shape) != (height, width):
+        raise ValueError(f"pixel_error_map has shape {tuple(pixel_error_map.shape)}, expected {(height, width)}")
+    inside = sampled_pixels(tile_mask, width, height, extra.device)
+    zero = torch.zeros((), dtype=extra.dtype, device=extra.device)
+    # torch.where, not a product: pixels outside the sampled tiles are undefined (maybe NaN),
+    # and 0 * NaN would poison the value; where() never lets them through, not even in backward.
+    err = torch.where(inside, pixel_error_map.detach().to(extra.dtype), zero)
+    targets = torch.stack([err, inside.to(extra.dtype)], dim=-1)  # [H, W, 2]
+    return (torch.where(inside[..., None], extra, zero) * targets).sum()
+
+
+@torch.no_grad()
+def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor], width: int, height: int,
+                      tile_size: int = TILE_SIZE) -> Tensor:
+    """[N] bool: visible Gaussians whose screen box (center +- radius, the renderer's tile
+    rule) overlaps at least one sampled tile, i.e. that were given a chance to contribute.
+    One summed-area table of the tile mask answers every box in O(1)."""
+    tile_width, tile_height = tile_grid(width, height, tile_size)
+    device = means2d.device
+    if tile_mask is None:
+        tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
+    table = torch.zeros(tile_height + 1, tile_width + 1, dtype=torch.int64, device=device)
+    table[1:, 1:] = tile_mask.to(device=device, dtype=torch.int64).cumsum(0).cumsum(1)
+
+    center = means2d.detach().float() / tile_size
+    reach = radii.float()[:, None] / tile_size
+    limit = torch.tensor([tile_width, tile_height], device=device)
+    lo = torch.minimum(torch.floor(center - reach).clamp_min(0), limit).long()  # [N, 2] as (x, y)
+    hi = torch.minimum(torch.ceil(center + reach).clamp_min(0), limit).long()
+    count = (table[hi[:, 1], hi[:, 0]] - table[lo[:, 1], hi[:, 0]]
+             - table[hi[:, 1], lo[:, 0]] + table[lo[:, 1], lo[:, 0]])
+    return (radii > 0) & (count > 0)
+
+
+# --- the strategy -----------------------------------------------------------------
+
+
+@dataclass
+class ErrorDensityConfig:
+    """Schedules are fractions of the run's progress in [0, 1]."""
+
+    densify_from: float = 0.02  # densify while densify_from <= progress < densify_until
+    densify_until: float = 0.7
+    densify_every: int = 100  # steps between densifications (the statistics window)
+    max_gaussians: int = 1_000_000  # the budget at budget_full_at and after
+    budget_start: Optional[int] = None  # the budget at densify_from; None = the initial count
+    budget_full_at: float = 0.6  # the budget rises linearly from densify_from to here
+    grow_ratio: float = 1.0  # grow only Gaussians whose blame per exposure >= this x the mean
+    grow_fraction: float = 0.1  # at most this share of the Gaussians grows per densification
+    percent_dense: float = 0.01  # clone if max scale <= this x scene extent, else split
+    split_into: int = 2  # children per split Gaussian
+    prune_opacity: float = 0.005  # prune Gaussians less opaque than this
+    prune_min_scale: float = 1e-4  # prune if max scale < this x scene extent (0 = off)
+    hidden_weight: float = 0.01  # prune if mean blending weight per exposure is below this ...
+    hidden_min_exposures: int = 5  # ... over at least this many exposures in the window
+    opacity_decay: float = 1.0  # opacity <- opacity x this after each densification (1 = off)
+
+    def __post_init__(self):
+        def check(ok: bool, what: str):
+            if not ok:
+                raise InputError(f"error density setting: {what}")
+
+        check(0 <= self.densify_from < self.densify_until <= 1,
+              f"need 0 <= densify_from ({self.densify_from}) < densify_until ({self.densify_until}) <= 1")
+        check(self.densify_from <= self.budget_full_at <= 1,
+              f"need densify_from ({self.densify_from}) <= budget_full_at ({self.budget_full_at}) <= 1")
+        for name in ("densify_every", "split_into", "max_gaussians", "hidden_min_exposures"):
+            check(getattr(self, name) >= 1, f"{name} must be at least 1, got {getattr(self, name)}")
+        check(self.budget_start is None or self.budget_start >= 0,
+              f"budget_start must be >= 0 (or unset), got {self.budget_start}")
+        check(0 < self.grow_fraction <= 1, f"grow_fraction must be in (0, 1], got {self.grow_fraction}")
+        check(0 < self.opacity_decay <= 1, f"opacity_decay must be in (0, 1], got {self.opacity_decay}")
+        for name in ("grow_ratio", "percent_dense", "prune_opacity", "prune_min_scale", "hidden_weight"):
+            check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class ErrorDrivenDensity:
+    """Blame-driven clone / split, opacity / size / visibility pruning, under a budget.
+
+    `state` is a dict of per-Gaussian [N] tensors, kept in step with the rows by passing it
+    through `turbogs.density.rows` as `extra`:
+      blame    sum over the window of sum_p w_i(p) err(p)
+      weight   sum over the window of sum_p w_i(p) (coverage)
+      exposed  number of steps in the window whose sampled tiles the Gaussian overlapped
+    """
+
+    make_probe = staticmethod(make_probe)
+
+    def __init__(self, config: Optional[ErrorDensityConfig] = None):
+        self.config = config or ErrorDensityConfig()
+        # The budget's starting count: the configured one, else set by initial_state().
+        self.start_count = self.config.budget_start if self.config.budget_start is not None else 0
+
+    # --- state and schedule -------------------------------------------------------
+    def initial_state(self, n: int, device: torch.device | str = "cpu") -> Dict[str, Tensor]:
+        """Zero statistics; also fixes the budget's starting count to n unless configured."""
+        if self.config.budget_start is None:
+            self.start_count = int(n)
+        return {key: torch.zeros(n, device=device) for key in ("blame", "weight", "exposed")}
+
+    def budget_at(self, progress: float) -> int:
+        """The most Gaussians allowed at `progress`: the starting count until densify_from,
+        linear up to max_gaussians at budget_full_at, then max_gaussians. Never decreases.
+        A start above max_gaussians just means no growth."""
+        cfg = self.config
+        start, end = min(self.start_count, cfg.max_gaussians), cfg.max_gaussians
+        progress = min(max(float(progress), 0.0), 1.0)
+        span = cfg.budget_full_at - cfg.densify_from
+        t = 1.0 if span <= 0 else min(max((progress - cfg.densify_from) / span, 0.0), 1.0)
+        return start + int(math.floor(t * (end - start) + 1e-9))  # slack: 0.35 - 0.1 is not 0.25
+
+    def needs_blame(self, progress: float) -> bool:
+        """Whether this step's statistics are used; when False, skip the probe (it costs
+        two extra render channels)."""
+        return float(progress) < self.config.densify_until
+
+    def should_densify(self, step: int, progress: float) -> bool:
+        cfg = self.config
+        return step > 0 and step % cfg.densify_every == 0 and cfg.densify_from <= float(progress) < cfg.densify_until
+
+    # --- hooks --------------------------------------------------------------------
+    def before_backward(self, state: Dict[str, Tensor], render_out) -> None:
+        """Part of the strategy interface; nothing to do here: the blame arrives in the
+        probe's gradient, which autograd keeps because the probe is a leaf."""
+
+    @torch.no_grad()
+    def after_backward(
+        self,
+        state: Dict[str, Tensor],
+        step: int,
+        gaussians: Gaussians,
+        optimizers: rows.Optimizers,
+        render_out,
+        width: int,
+        height: int,
+        scene_extent: float,
+        blame: Optional[Tensor] = None,
+        progress: Optional[float] = None,
+    ) -> Dict[str, object]:
+        """Add this step's blame to the window; on schedule, prune, grow and decay.
+
+        step: the 1-based number of the step whose backward just ran.
+        blame: the probe's gradient [N, 2] (required while needs_blame(progress)).
+        progress: the elapsed fraction of the run in [0, 1].
+        Updates `state` (and, when densifying, the Gaussians and optimizers) in place and
+        returns what happened, for logging."""
+        if progress is None:
+            raise ValueError("ErrorDrivenDensity.after_backward needs progress (the elapsed fraction of the run)")
+        stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
+        if self.needs_blame(progress):
+            self._accumulate(state, gaussians, render_out, width, height, blame)
+            if self.should_densify(step, progress):
+                stats.update(self.densify_and_prune(state, gaussians, optimizers, scene_extent, progress))
+        stats["n_gaussians"] = len(gaussians)
+        stats["budget"] = self.budget_at(progress)
+        return stats
+
+    def _accumulate(self, state, gaussians, render_out, width, height, blame) -> None:
+        n = len(gaussians)
+        if state["blame"].shape[0] != n:
+            raise RuntimeError(
+                f"density state has {state['blame'].shape[0]} rows but there are {n} Gaussians: "
+                "rows changed without passing the state through turbogs.density.rows"
+            )
+        if blame is None:
+            raise RuntimeError("no blame given: render with extra_features=make_probe(n), add blame_term to the "
+                               "loss, and pass probe.grad as blame")
+        if tuple(blame.shape) != (n, PROBE_CHANNELS):
+            raise ValueError(f"blame has shape {tuple(blame.shape)}, expected [{n}, {PROBE_CHANNELS}]")
+        blame = blame.to(state["blame"])
+        state["blame"] += blame[:, 0]
+        state["weight"] += blame[:, 1]
+        state["exposed"] += exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
+                                              width, height)
+
+    # --- densification ------------------------------------------------------------
+    @torch.no_grad()
+    def densify_and_prune(self, state: Dict[str, Tensor], gaussians: Gaussians, optimizers: rows.Optimizers,
+                          scene_extent: float, progress: float) -> Dict[str, object]:
+        """Prune, then grow into the room the budget leaves, then decay opacities; the
+        window's statistics restart. Returns counts of what happened."""
+        cfg = self.config
+        n = len(gaussians)
+        max_scale = torch.exp(gaussians.params["scales"].detach()).max(dim=-1).values
+        exposed = state["exposed"]
+
+        # 1. Prune.
+        low_opacity = gaussians.opacities.detach() < cfg.prune_opacity
+        tiny = max_scale < cfg.prune_min_scale * scene_extent
+        hidden = (exposed >= cfg.hidden_min_exposures) & (state["weight"] < cfg.hidden_weight * exposed)
+        prune = low_opacity | tiny | hidden
+
+        # 2. Choose growth among the survivors: highest blame per exposure first.
+        score = state["blame"] / exposed.clamp_min(1)
+        seen = (exposed > 0) & ~prune
+        mean_score = score[seen].mean() if bool(seen.any()) else score.new_zeros(())
+        candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0)
+        small = max_scale <= cfg.percent_dense * scene_extent
+        room = max(0, self.budget_at(progress) - (n - int(prune.sum())))
+        grow = self._pick_growth(candidates, small, score, room, limit=int(cfg.grow_fraction * n))
+        clone, to_split = grow & small, grow & ~small
+
+        # 3. Apply: remove first, then the growth masks index the surviving rows.
+        keep = ~prune
+        state.update(rows.remove_rows(gaussians, optimizers, keep, extra=state))
+        clone, to_split = clone[keep], to_split[keep]
+        state.update(rows.duplicate(gaussians, optimizers, clone, extra=state))
+        n_clones = int(clone.sum())
+        split_mask = torch.cat([to_split, torch.zeros(n_clones, dtype=torch.bool, device=to_split.device)])
+        state.update(rows.split(gaussians, optimizers, split_mask, n=cfg.split_into, extra=state))
+
+        if cfg.opacity_decay < 1.0:
+            decay_opacity(gaussians, cfg.opacity_decay)
+        for value in state.values():  # the window restarts
+            value.zero_()
+        return {
+            "densified": True,
+            "n_cloned": n_clones,
+            "n_split": int(to_split.sum()),
+            "n_pruned": int(prune.sum()),
+            "n_pruned_opacity": int(low_opacity.sum()),
+            "n_pruned_tiny": int(tiny.sum()),
+            "n_pruned_hidden": int(hidden.sum()),
+        }
+
+    def _pick_growth(self, candidates: Tensor, small: Tensor, score: Tensor, room: int, limit: int) -> Tensor:
+        """The highest-scoring candidates, at most `limit` of them, whose added rows (1 per
+        clone, split_into - 1 per split) fit in `room`."""
+        order = torch.nonzero(candidates).squeeze(1)
+        order = order[torch.argsort(score[order], descending=True, stable=True)][:limit]
+        cost = torch.where(small[order], 1, self.config.split_into - 1)
+        chosen = order[torch.cumsum(cost, dim=0) <= room]
+        grow = torch.zeros_like(candidates)
+        grow[chosen] = True
+        return grow
+
+
+@torch.no_grad()
+def decay_opacity(gaussians: Gaussians, factor: float) -> None:
+    """opacity <- factor x opacity, done on the logits. Rows do not change and the optimizer
+    moments are kept: a small nudge does not invalidate the trajectory they describe
+    (unlike INRIA's reset, see rows.set_values)."""
+    logits = gaussians.params["opacities"]
+    decayed = torch.sigmoid(logits) * factor
+    logits.copy_(torch.logit(decayed.clamp(1e-7, 1 - 1e-7)))
