@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData
 
 from turbogs.errors import InputError
 from turbogs.ply import read_ply, write_ply, write_points_ply, write_splat

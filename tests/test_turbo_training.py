@@ -1,6 +1,5 @@
 """TurboGS parts in the real training loop, on the embedded demo scene."""
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -51,9 +51,10 @@ from tqdm import tqdm
 from turbogs.atomic import atomic_path, atomic_write_json, atomic_write_text
 from turbogs.config import PRESETS, TrainConfig, get_preset
 from turbogs.data.scene import Scene
-from turbogs.errors import InputError, TurboGSError
+from turbogs.errors import InputError
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians
+from turbogs.outdir import check_output_dir
 from turbogs.train import RunOptions, Trainer, initial_gaussians, synchronize
 
 PSNR_TOLERANCE_DB = 0.1  # "reached b's final PSNR" means within this much of it
@@ -331,20 +332,11 @@ def load_bench_scene(settings: BenchSettings) -> Scene:
     return scene
 
 
-def prepare_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: exists and is not a folder; --out takes a folder")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TurboGSError(f"cannot create {out_dir}: {e.strerror or e}") from e
-
-
 def run_bench(settings: BenchSettings) -> dict:
     """Run every preset, write bench.json, bench.md and psnr_vs_time.png; return the result."""
     if settings.steps is None and settings.budget_seconds is None:
         raise InputError("bench: give --budget-seconds S or --steps N (or --step-cost)")
-    prepare_out_dir(settings.out_dir)
+    check_output_dir(settings.out_dir)
     scene = load_bench_scene(settings)
     width, height = scene.train[0].width, scene.train[0].height
     sizing = (f"{settings.steps} steps" if settings.steps is not None
@@ -596,7 +588,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     from turbogs.render import render
     from turbogs.turbo.losses import TileLoss, tile_grid_shape
 
-    prepare_out_dir(settings.out_dir)
+    check_output_dir(settings.out_dir)
     scene = load_bench_scene(settings)
     device = settings.device
     cfg = get_preset(settings.presets[0])
@@ -729,9 +721,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     from turbogs.cli import pick_device
 
-    argv = getattr(args, "bench_argv", None)
-    if argv is None:
-        argv = sys.argv[1:]
+    argv = args.argv
     if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
         raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
     settings = BenchSettings(
@@ -768,19 +758,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """`python -m turbogs.bench SCENE ...`: the bench command on its own."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="turbogs")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *argv])
-    args.bench_argv = ["bench", *argv]
-    try:
-        return args.func(args)
-    except TurboGSError as exc:
-        print(f"turbogs bench: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("turbogs bench: interrupted", file=sys.stderr)
-        return 130
+    from turbogs.cli import main as cli_main
+
+    return cli_main(["bench", *map(str, sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -335,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # argparse itself exits 2 with one line on a bad flag
+    args.argv = argv  # the command as typed, for the records benchmarks keep
     try:
         return args.func(args)
     except TurboGSError as exc:

@@ -112,6 +112,7 @@ class HybridConfig:
     newton_fraction: float = 1 / 3  # where curvature governs, take this much of a Newton step (at the initial lr)
     clip: Optional[float] = None  # hard bound |step| <= clip * lr; None: Adam's step is the bound
     hessian_every: int = 10  # steps between curvature estimates (Sophia's k)
+    selective: bool = True  # update only the Gaussians visible in the step (SelectiveAdam)
     # Curvature per unit of per-pixel loss weight. The L1 loss has no curvature, so a
     # Huber-like surrogate is used: curvature 1/delta, with delta ~ a typical residual.
     loss_hessian_scale: float = 10.0

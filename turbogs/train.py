@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
-from turbogs.data.scene import Camera, Scene
+from turbogs.data.scene import Scene
 from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error, sampled_pixels
 from turbogs.density.vanilla import VanillaDensity
 from turbogs.errors import TurboGSError
@@ -238,11 +238,12 @@ class Trainer:
             if self.memory is not None:
                 self.memory.update(pick.view, pick.tile_ids, tile_errors)
             # The optimizer steps before density control changes the rows that `out` describes.
+            visible = out.visible if self.cfg.hybrid.selective else None
             for name, optimizer in self.optimizers.items():
                 if isinstance(optimizer, HybridOptimizer):
-                    optimizer.step(visible=out.visible)
+                    optimizer.step(visible=visible)
                     if curvature is not None:
-                        optimizer.update_hessian(curvature[name], visible=out.visible)
+                        optimizer.update_hessian(curvature[name], visible=visible)
                 else:
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

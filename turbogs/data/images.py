@@ -22,6 +22,9 @@ import numpy as np
 from turbogs.atomic import atomic_path
 from turbogs.errors import InputError, TurboGSError
 
+# A corrupt image is reported once, by us, in one line; OpenCV's own C++ log would add more.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
 MASK_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from turbogs.render.torch_backend import zero_culled
 
 
 def project(
@@ -32,15 +33,7 @@ def project(
         eps2d=eps2d, near_plane=near_plane, far_plane=far_plane,
     )
     radii, means2d, depths, conics = radii[0], means2d[0], depths[0], conics[0]
-    # gsplat leaves culled entries uninitialised; report zeros as the torch twin does.
-    visible = (radii > 0).all(dim=-1)
-    zero = torch.zeros((), dtype=means2d.dtype, device=means2d.device)
-    return (
-        radii,
-        torch.where(visible[:, None], means2d, zero),
-        torch.where(visible, depths, zero),
-        torch.where(visible[:, None], conics, zero),
-    )
+    return zero_culled(radii, means2d, depths, conics, visible=(radii > 0).all(dim=-1))
 
 
 def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:

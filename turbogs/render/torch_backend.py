@@ -95,7 +95,12 @@ def project(
 
     safe_det = torch.where(visible, det, torch.ones_like(det))
     conics = torch.stack([var_y / safe_det, -cov_xy / safe_det, var_x / safe_det], dim=-1)
-    zero = torch.zeros((), dtype=means.dtype, device=means.device)
+    return zero_culled(radii, means2d, depths, conics, visible)
+
+
+def zero_culled(radii: Tensor, means2d: Tensor, depths: Tensor, conics: Tensor, visible: Tensor):
+    """Culled Gaussians report zeros (gsplat leaves them uninitialised), on both backends."""
+    zero = torch.zeros((), dtype=means2d.dtype, device=means2d.device)
     return (
         radii,
         torch.where(visible[:, None], means2d, zero),
