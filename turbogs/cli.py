@@ -75,6 +75,8 @@ def pick_device(name: str, threads: int = 1):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
     from turbogs.config import get_preset
     from turbogs.data.load import load_scene
     from turbogs.train import RunOptions, train
@@ -88,6 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.init_random_points = args.init_points
     if args.checkpoint_every is not None:
         cfg.checkpoint_every_seconds = args.checkpoint_every
+    if args.checkpoint_every_steps is not None:
+        cfg.checkpoint_every_steps = args.checkpoint_every_steps
     apply_ablations(cfg, args)
     cfg = cfg.for_run(args.steps, args.budget_seconds)
     out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
@@ -107,7 +111,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         viewer = LiveViewer(scene.train, host=args.host, port=args.port)
     options = RunOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
                          evaluate=True, progress=not args.quiet, images=args.images,
-                         resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer)
+                         resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
+                         data_device=None if args.data_device == "auto" else torch.device(args.data_device),
+                         max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30))
     summary = train(scene, cfg, options)
     report(summary, out_dir)
     if viewer is not None:
@@ -290,6 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-gaussians", type=positive_int, help="never grow beyond this many Gaussians")
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help="write a resumable checkpoint this often, in seconds of wall time (default 60)")
+    p.add_argument("--checkpoint-every-steps", type=positive_int, metavar="N",
+                   help="also write a checkpoint every N steps (default: by wall time only)")
+    p.add_argument("--data-device", choices=["auto", "cpu"], default="auto",
+                   help="where the training images live: auto = with the model, cpu = in CPU memory, moved to the "
+                        "GPU one view per step (saves GPU memory on large captures)")
+    p.add_argument("--max-memory", type=positive_float, metavar="GB",
+                   help="refuse to start when the memory estimate exceeds GB gibibytes per device "
+                        "(rehearse a smaller machine; default: what the device has free)")
     p.add_argument("--no-sparse", action="store_true", help="ablation: render every tile of every step")
     p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
     p.add_argument("--density", choices=["3dgs", "error"], help="density control: INRIA's gradient rule or error-driven")

@@ -28,6 +28,11 @@ def check_output_dir(out_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) -> Non
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TurboGSError(f"{out_dir}: cannot create the output folder ({exc.strerror})") from None
+    # os.access answers for the permission bits and read-only mounts without writing; the probe
+    # catches what it cannot see (quotas, ACLs, network filesystems). Root passes both on a
+    # chmod'ed folder: the kernel lets root write there, so training would indeed succeed.
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise TurboGSError(f"{out_dir}: the output folder is not writable (permission denied)")
     probe = out_dir / ".write_test"
     try:
         probe.write_bytes(b"ok")

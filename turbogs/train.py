@@ -32,11 +32,14 @@ from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.metrics import ssim
 from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
-from turbogs.outdir import check_output_dir, exclusive_output
+from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
+from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
 from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
+# torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 @dataclass
@@ -45,6 +48,8 @@ class RunOptions:
 
     out_dir: Path
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    data_device: Optional[torch.device] = None  # where the images live; None = `device`. CPU: moved per step
+    max_memory_bytes: Optional[int] = None  # --max-memory: pretend a device has no more than this
     resume: bool = False
     overwrite: bool = False
     evaluate: bool = True  # evaluate on the scene's test views at the end
@@ -183,8 +188,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.background = torch.ones(3) if scene.white_background else torch.zeros(3)
         self.background = self.background.to(self.device)
-        self.train_images = [c.image.to(self.device) for c in scene.train]
-        self.train_masks = [None if c.mask is None else c.mask.to(self.device) for c in scene.train]
+        data_device = options.data_device or self.device
+        self.train_images = [c.image.to(data_device) for c in scene.train]
+        self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         self.density = make_density(cfg)
@@ -216,7 +222,8 @@ class Trainer:
 
         pick = self.pick(progress)
         camera = self.scene.train[pick.view]
-        gt, mask = self.train_images[pick.view], self.train_masks[pick.view]
+        gt, mask = self.train_images[pick.view].to(self.device), self.train_masks[pick.view]
+        mask = None if mask is None else mask.to(self.device)
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
         probe = make_probe(len(self.gaussians), self.device) if self.wants_blame(progress) else None
 
@@ -301,6 +308,9 @@ class Trainer:
         self.stats.skipped_steps += 1
         self.bad_streak += 1
         if self.bad_streak >= MAX_BAD_STEPS:
+            if not checkpoint.list_checkpoints(self.opt.out_dir):
+                # Skipped steps changed no parameter: this state is the last good one.
+                self.save_checkpoint()
             raise TurboGSError(
                 f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
                 f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.opt.out_dir)}"
@@ -318,6 +328,8 @@ class Trainer:
             "sampler": None if self.sampler is None else self.sampler.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
             "stats": vars(self.stats).copy(),
             "config": self.cfg.to_dict(),
@@ -336,6 +348,9 @@ class Trainer:
             self.sampler.load_state_dict(state["sampler"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.bad_streak = state.get("bad_streak", 0)
         self.elapsed = state["elapsed"]
         self.stats = RunningStats(**state["stats"])
         self.step = state["step"]
@@ -357,7 +372,10 @@ class Trainer:
                     if viewer.stop_requested:
                         self.log(f"stopped from the viewer at step {self.step}")
                         break
-                self.run_step()
+                try:
+                    self.run_step()
+                except OUT_OF_MEMORY:
+                    raise self._out_of_memory() from None
 
                 bar.update(1)
                 bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
@@ -371,6 +389,21 @@ class Trainer:
         finally:
             bar.close()
         return self.finish()
+
+    def _out_of_memory(self) -> TurboGSError:
+        """Keep the work done so far, and say how to continue in less memory. The failed step
+        counted nothing (run_step raised before the step counter moved)."""
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.save_checkpoint()
+        return TurboGSError(
+            f"out of {self.device.type} memory at step {self.step} with {len(self.gaussians)} Gaussians; "
+            f"saved a checkpoint in {checkpoint.checkpoint_dir(self.opt.out_dir)}. Continue with --resume plus "
+            "--data-device cpu (images stay in CPU memory) or --max-gaussians N (fewer than now), "
+            "or start over with -r 2/4/8 (smaller images)"
+        )
 
     def _checkpoint_due(self, last: float) -> bool:
         cfg = self.cfg
@@ -410,7 +443,8 @@ def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> Non
 def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
     """Train `scene` into `opt.out_dir`; returns the summary (and metrics when evaluated)."""
     out = Path(opt.out_dir)
-    check_output_dir(out)
+    estimate = check_memory(scene, cfg, opt.device, opt.data_device, opt.max_memory_bytes)
+    check_output_dir(out, min_free_bytes=max(MIN_FREE_BYTES, disk_bytes_needed(estimate, cfg.sh_degree, checkpoint.KEEP)))
     with exclusive_output(out):
         trainer = Trainer(scene, cfg, opt)
         if opt.resume:

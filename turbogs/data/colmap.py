@@ -292,12 +292,12 @@ def read_points3d_txt(path: Path) -> Tuple[np.ndarray, np.ndarray]:
         if len(fields) < 8:
             raise InputError(f"{path}: point line {line_no} has {len(fields)} fields, expected at least 8")
         xyz.append(_numbers(fields[1:4], path, line_no))
-        rgb.append(_numbers(fields[4:7], path, line_no, int))
+        color = _numbers(fields[4:7], path, line_no, int)
+        if not all(0 <= c <= 255 for c in color):  # checked here: a huge int would overflow numpy
+            raise InputError(f"{path}: line {line_no}: point colors must be in 0..255, got {color}")
+        rgb.append(color)
     xyz_array = np.array(xyz, dtype=np.float64).reshape(-1, 3)
-    rgb_array = np.array(rgb, dtype=np.int64).reshape(-1, 3)
-    if rgb_array.size and (rgb_array.min() < 0 or rgb_array.max() > 255):
-        raise InputError(f"{path}: point colors must be in 0..255")
-    return xyz_array, rgb_array.astype(np.uint8)
+    return xyz_array, np.array(rgb, dtype=np.uint8).reshape(-1, 3)
 
 
 # --- the model -----------------------------------------------------------------------

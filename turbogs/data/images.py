@@ -85,10 +85,19 @@ class ViewSpec:
 # --- reading -------------------------------------------------------------------------
 
 
+def is_file(path: Path) -> bool:
+    """`Path.is_file`, but False (not OSError) for a name the OS refuses, such as one too
+    long: names come from scene files, and a garbled one means "no such image"."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
+
+
 def read_raw(path: Path) -> np.ndarray:
     """The file's pixels exactly as stored: uint8/uint16/float, 1, 3 or 4 channels
     (OpenCV order: BGR/BGRA). Unreadable or corrupt files are an InputError."""
-    data = cv2.imread(str(path), cv2.IMREAD_UNCHANGED) if Path(path).is_file() else None
+    data = cv2.imread(str(path), cv2.IMREAD_UNCHANGED) if is_file(path) else None
     if data is None or data.size == 0:
         raise InputError(f"cannot read image {path}: missing, corrupt or not an image")
     return data
@@ -184,7 +193,7 @@ class DownscaleCache:
 
     def get(self, key: str, source: Path, size: Tuple[int, int]) -> Optional[np.ndarray]:
         cached = self.path_for(key)
-        if cached is None or not cached.is_file():
+        if cached is None or not is_file(cached):
             return None
         try:
             if cached.stat().st_mtime < Path(source).stat().st_mtime:
@@ -308,7 +317,7 @@ def find_mask(masks_dir: Path, name: str) -> Optional[Path]:
     rel = Path(name)
     candidates = [rel.with_suffix(s) for s in MASK_SUFFIXES] + [Path(str(rel) + ".png")]
     for candidate in candidates:
-        if (masks_dir / candidate).is_file():
+        if is_file(masks_dir / candidate):
             return masks_dir / candidate
     return None
 

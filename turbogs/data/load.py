@@ -31,6 +31,7 @@ from turbogs.data.images import (
     find_mask,
     has_distortion,
     image_size,
+    is_file,
     read_mask,
     read_raw,
     resize,
@@ -165,7 +166,7 @@ def _colmap_source(scene_dir: Path, model_folder: Path, images: str, resolution)
             rel=image.name,
             mask_path=find_mask(masks_dir, image.name),
         )
-        on_disk = view.path.is_file() or (factor is not None and view.downscaled_path(factor).is_file())
+        on_disk = is_file(view.path) or (factor is not None and is_file(view.downscaled_path(factor)))
         if not on_disk:
             if not images_dir.is_dir():
                 raise InputError(f"images folder {images_dir} not found (the images option names the folder)")
@@ -196,7 +197,7 @@ def _nerfstudio_source(scene_dir: Path, images: str, log) -> SceneSource:
     frames, ply_path = read_nerfstudio(scene_dir, images)
     points = colors = None
     if ply_path is not None:
-        if ply_path.is_file():
+        if is_file(ply_path):
             points, colors = read_ply_points(ply_path)
         else:
             log(f"{scene_dir / 'transforms.json'}: ply_file_path {ply_path} not found; starting from random points")
@@ -270,7 +271,7 @@ class _ViewLoader:
         r = self.resolution
         if r in RESOLUTION_FACTORS and r > 1 and W is not None:
             pre = view.downscaled_path(r)
-            if pre is not None and pre.is_file():
+            if pre is not None and is_file(pre):
                 raw = read_raw(pre)
                 w, h = image_size(raw)
                 if abs(w - W / r) > 1 or abs(h - H / r) > 1:
@@ -280,7 +281,7 @@ class _ViewLoader:
                     )
                 return raw, W, H, pre, False
 
-        if not view.path.is_file():
+        if not is_file(view.path):
             raise InputError(f"image {view.path} not found")
         if W is not None:
             target, capped = self.target_size(W, H)

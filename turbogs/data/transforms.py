@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from turbogs.data.images import Intrinsics, ViewSpec, find_mask
+from turbogs.data.images import Intrinsics, ViewSpec, find_mask, is_file
 from turbogs.errors import InputError
 
 # OpenGL camera axes -> OpenCV camera axes: flip y and z.
@@ -72,7 +72,7 @@ def gl_cam_to_world_to_cv_world_to_cam(frame: Dict[str, Any], index: int, path: 
         raise InputError(f"{where}: missing 'transform_matrix'")
     try:
         matrix = np.array(frame["transform_matrix"], dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float range
         raise InputError(f"{where}: 'transform_matrix' is not a matrix of numbers") from None
     if matrix.shape == (3, 4):
         matrix = np.vstack([matrix, [0.0, 0.0, 0.0, 1.0]])
@@ -88,11 +88,11 @@ def gl_cam_to_world_to_cv_world_to_cam(frame: Dict[str, Any], index: int, path: 
 def resolve_image(base: Path, file_path: str) -> Optional[Path]:
     """The image a `file_path` names: as written, or with an image extension appended."""
     candidate = base / file_path
-    if candidate.is_file():
+    if is_file(candidate):
         return candidate
     for suffix in IMAGE_SUFFIXES:
         with_suffix = candidate.with_name(candidate.name + suffix)
-        if with_suffix.is_file():
+        if is_file(with_suffix):
             return with_suffix
     return None
 
@@ -105,9 +105,15 @@ def _relative_name(path: Path, base: Path) -> str:
 
 
 def _number(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{where}: '{key}' must be a finite number, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)  # JSON integers are unbounded; beyond float range is OverflowError
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InputError(f"{where}: '{key}' must be a finite number, got {str(value)[:20]}")
+    return number
 
 
 # --- NeRF-synthetic ------------------------------------------------------------------
@@ -214,7 +220,7 @@ def read_nerfstudio(scene: Path, images: str = "images") -> Tuple[FrameSet, Opti
         mask_path = None
         if isinstance(frame.get("mask_path"), str):
             mask_path = scene / frame["mask_path"]
-            if not mask_path.is_file():
+            if not is_file(mask_path):
                 raise InputError(f"{path}: frame {index}: mask {mask_path} not found")
         elif folder is not None:
             mask_path = find_mask(folder.parent / "masks", rel)
