@@ -234,7 +234,7 @@ class RowByRow:
 
 
 @pytest.mark.parametrize("with_curvature", [False, True])
-def test_selective_step_matches_row_by_row_optimizers(with_curvature):
+def test_selective_step_with_row_bias_correction_matches_row_by_row_optimizers(with_curvature):
     n, steps = 9, 25
     g = torch.Generator().manual_seed(5)
     grads = random_gradients(steps, (n, 4), seed=6)
@@ -243,7 +243,7 @@ def test_selective_step_matches_row_by_row_optimizers(with_curvature):
     start = torch.randn(n, 4, generator=g)
 
     def make(params):
-        return HybridOptimizer(params, lr=0.03, eps=1e-8, curvature_scale=0.1)
+        return HybridOptimizer(params, lr=0.03, eps=1e-8, curvature_scale=0.1, row_bias_correction=True)
 
     param = start.clone().requires_grad_()
     optimizer = make([param])
@@ -262,11 +262,35 @@ def test_selective_step_matches_row_by_row_optimizers(with_curvature):
         hidden = ~visible
         assert torch.equal(param.detach()[hidden], before_param[hidden])
         for key, value in before.items():
-            assert torch.equal(optimizer.state[param][key][hidden], value[hidden]), key
+            if value.dim():  # per-row state; the scalar `step` counts every call
+                assert torch.equal(optimizer.state[param][key][hidden], value[hidden]), key
         torch.testing.assert_close(param.detach(), reference.stacked(), rtol=1e-6, atol=1e-7)
     for key in ("exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(optimizer.state[param][key], reference.stacked(key), rtol=1e-6, atol=1e-10)
     assert torch.equal(optimizer.state[param]["row_step"], torch.stack(visibility).sum(0).float())
+
+
+def test_selective_step_with_global_bias_correction_is_selective_adam():
+    """The default bias correction counts the optimizer's steps, as gsplat's SelectiveAdam:
+    compared with its update rule written out as a loop over rows and steps."""
+    n, steps, lr, (beta1, beta2), eps = 7, 30, 0.03, (0.9, 0.999), 1e-8
+    g = torch.Generator().manual_seed(8)
+    grads = [grad.double() for grad in random_gradients(steps, (n, 3), seed=9)]
+    visibility = [torch.rand(n, generator=g) < 0.5 for _ in range(steps)]
+    start = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    param = start.clone().requires_grad_()
+    optimizer = HybridOptimizer([param], lr=lr, betas=(beta1, beta2), eps=eps)
+    expected, m, v = start.clone(), torch.zeros(n, 3, dtype=torch.float64), torch.zeros(n, 3, dtype=torch.float64)
+    for t, (grad, visible) in enumerate(zip(grads, visibility), start=1):
+        param.grad = grad.clone()
+        optimizer.step(visible)
+        for i in range(n):
+            if visible[i]:
+                m[i] = beta1 * m[i] + (1 - beta1) * grad[i]
+                v[i] = beta2 * v[i] + (1 - beta2) * grad[i] ** 2
+                step = lr * (m[i] / (1 - beta1**t)) / ((v[i] / (1 - beta2**t)).sqrt() + eps)
+                expected[i] = expected[i] - step
+        torch.testing.assert_close(param.detach(), expected, rtol=1e-10, atol=1e-12)
 
 
 def tiny_gaussians(n=6, seed=0):
@@ -295,7 +319,9 @@ def train_steps(gaussians, optimizers, steps, seed):
 
 
 def make_optimizers(gaussians):
-    return {name: HybridOptimizer([gaussians.params[name]], lr=0.01, curvature_scale=0.05) for name in PARAM_NAMES}
+    """Per-row bias correction, so that a zeroed row is exactly a fresh optimizer's row."""
+    return {name: HybridOptimizer([gaussians.params[name]], lr=0.01, curvature_scale=0.05, row_bias_correction=True)
+            for name in PARAM_NAMES}
 
 
 def test_state_follows_row_operations_of_density_control():
@@ -308,7 +334,7 @@ def test_state_follows_row_operations_of_density_control():
     train_steps(gaussians, optimizers, 3, seed=1)
     before = {name: {key: value.clone() for key, value in opt.state[gaussians.params[name]].items()}
               for name, opt in optimizers.items()}
-    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count"}
+    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count", "step"}
     untouched = copy.deepcopy((gaussians, optimizers))  # the reference for kept rows
 
     keep = torch.tensor([True, False, True, True, False, True])
@@ -318,6 +344,8 @@ def test_state_follows_row_operations_of_density_control():
     for name, optimizer in optimizers.items():
         state = optimizer.state[gaussians.params[name]]
         for key, old in before[name].items():
+            if not old.dim():
+                continue  # the optimizer's own step count is not per row
             assert torch.equal(state[key][:4], old[keep]), (name, key)
             assert torch.equal(state[key][4:], torch.zeros_like(state[key][4:])), (name, key)
 
@@ -349,7 +377,7 @@ def test_opacity_reset_restarts_the_row_state():
     train_steps(gaussians, optimizers, 2, seed=2)
     rows.set_values(gaussians, optimizers, "opacities", torch.full((6,), -2.0))
     state = optimizers["opacities"].state[gaussians.params["opacities"]]
-    assert all(float(v.abs().sum()) == 0 for v in state.values())
+    assert all(float(v.abs().sum()) == 0 for v in state.values() if v.dim())
     gaussians.params["opacities"].grad = torch.linspace(-1, 1, 6)
     optimizers["opacities"].step()
     first_adam_step = 0.01 * torch.linspace(-1, 1, 6).sign()  # Adam's first step is lr * sign(g)

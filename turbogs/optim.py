@@ -48,19 +48,22 @@ already tracks the curvature there.
 
 Rows and visibility
 -------------------
-Every parameter is a stack of rows (one per Gaussian). All state is per row:
-`exp_avg`, `exp_avg_sq`, `hessian` (shaped like the parameter), plus `row_step` and
-`hessian_count` ([N], the number of Adam steps and curvature estimates each row has
-had, for bias correction). So:
+Every parameter is a stack of rows (one per Gaussian). All state but the optimizer's
+`step` count is per row: `exp_avg`, `exp_avg_sq`, `hessian` (shaped like the parameter),
+plus `row_step` and `hessian_count` ([N], the number of Adam steps and curvature
+estimates each row has had, for bias correction). So:
 
 - `step(visible)` updates only visible rows, like gsplat's SelectiveAdam: invisible
-  rows keep their parameters, moments and counts. Unlike SelectiveAdam, the bias
-  correction counts each row's own steps. A visible row then follows exactly the path
-  it would take under an optimizer that only ever saw it. A Gaussian seen for the first
-  time at step 1000 takes an `lr`-sized first step, not one 3x larger.
-- A zero row *is* a fresh row. turbogs.density.rows gives new Gaussians zeros in every
-  per-row state tensor, and `set_values` (opacity reset) zeros them. Either way the
-  row restarts cleanly: no moments, no curvature, bias correction from step one.
+  rows keep their parameters, moments and counts. Bias correction counts the optimizer's
+  steps, as in Adam and SelectiveAdam, by default. With `row_bias_correction` it counts
+  each row's own steps instead: a visible row then follows exactly the path it would take
+  under an optimizer that only ever saw it, and a Gaussian seen first at step 1000 takes
+  an `lr`-sized first step, not one ~2.5x larger. That sounds cleaner but cost 0.5 dB
+  on the demo scene (2.2 dB with selective updates), where the larger first steps of new
+  Gaussians help, so it is off.
+- A zero row is a fresh row. turbogs.density.rows gives new Gaussians zeros in every
+  per-row state tensor, and `set_values` (opacity reset) zeros them: no moments, no
+  curvature (and, with `row_bias_correction`, bias correction from step one).
 - With no curvature estimate ever given (or curvature_scale = 0), the update is Adam's, term for
   term (torch.optim.Adam's formula; equal up to float rounding).
 
@@ -113,6 +116,10 @@ class HybridConfig:
     clip: Optional[float] = None  # hard bound |step| <= clip * lr; None: Adam's step is the bound
     hessian_every: int = 10  # steps between curvature estimates (Sophia's k)
     selective: bool = True  # update only the Gaussians visible in the step (SelectiveAdam)
+    # Bias-correct each row by its own step count (True) or, as Adam and gsplat's SelectiveAdam,
+    # by the optimizer's (False). Per-row gives a new Gaussian an lr-sized first step instead of
+    # Adam's ~2.5 lr; on the demo scene that cost 0.5-2.2 dB (benchmarks/results/2026-12-02_cpu_optimizer_ablation.md).
+    row_bias_correction: bool = False
     # Curvature per unit of per-pixel loss weight. The L1 loss has no curvature, so a
     # Huber-like surrogate is used: curvature 1/delta, with delta ~ a typical residual.
     loss_hessian_scale: float = 10.0
@@ -129,7 +136,8 @@ class HybridConfig:
         """Keyword arguments for `HybridOptimizer(params, **cfg.optimizer_kwargs(lr))`, with
         `lr` the parameter's initial learning rate (a schedule may change it later)."""
         return dict(lr=lr, betas=self.betas, eps=self.eps, hessian_beta=self.hessian_beta,
-                    curvature_scale=lr / self.newton_fraction, clip=self.clip)
+                    curvature_scale=lr / self.newton_fraction, clip=self.clip,
+                    row_bias_correction=self.row_bias_correction)
 
 
 # --- the curvature estimator --------------------------------------------------------
@@ -216,12 +224,13 @@ class HybridOptimizer(torch.optim.Optimizer):
         hessian_beta: float = 0.95,
         curvature_scale: Optional[float] = None,
         clip: Optional[float] = None,
+        row_bias_correction: bool = False,
     ):
         if curvature_scale is None:
             curvature_scale = 3.0 * lr  # a third of a Newton step where the curvature governs
         _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, hessian_beta=hessian_beta,
-                        curvature_scale=curvature_scale, clip=clip)
+                        curvature_scale=curvature_scale, clip=clip, row_bias_correction=row_bias_correction)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for param in group["params"]:
@@ -238,6 +247,7 @@ class HybridOptimizer(torch.optim.Optimizer):
             state["hessian"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             state["row_step"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["hessian_count"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
+            state["step"] = torch.zeros((), dtype=torch.float64)
         return state
 
     @staticmethod
@@ -268,11 +278,16 @@ class HybridOptimizer(torch.optim.Optimizer):
                 state = self._state(param)
                 grad = param.grad
                 row_step = state["row_step"] + (1 if rows is None else rows.to(param.dtype))
+                state["step"] += 1
                 exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
                 exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
 
-                # Bias corrections from each row's own step count, in float64 as torch's Adam.
-                t = _per_row(row_step.clamp_min(1).double(), param)
+                # Bias corrections, in float64 as torch's Adam: from each row's own step count,
+                # or from the optimizer's.
+                if group["row_bias_correction"]:
+                    t = _per_row(row_step.clamp_min(1).double(), param)
+                else:
+                    t = state["step"].to(param.device)
                 bias1 = (1 - beta1 ** t).to(param.dtype)
                 denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
                 if kappa > 0:
