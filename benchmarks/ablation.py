@@ -1,7 +1,7 @@
 """Train one preset on a capture with config overrides, and print test PSNR at 1/4, 1/2,
 3/4 and all of the steps: the quick instrument behind the ablation notes in results/.
 
-    python benchmarks/ablation.py NAME PRESET STEPS [field.sub=value ...] [--scene DIR]
+    python benchmarks/ablation.py NAME PRESET STEPS [field.sub=value ...] [--scene DIR] [-r R]
 
 Example: python benchmarks/ablation.py hybrid turbo 300 optimizer=hybrid hybrid.selective=false
 """
@@ -48,10 +48,11 @@ def main() -> None:
     parser.add_argument("steps", type=int)
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--scene", default=str(REPO / "scenes" / "demo"))
+    parser.add_argument("-r", "--resolution", type=int, help="downscale factor, as turbogs train -r")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    scene = load_scene(args.scene, eval_split=True, log=lambda *_: None)
+    scene = load_scene(args.scene, resolution=args.resolution, eval_split=True, log=lambda *_: None)
     cfg = get_preset(args.preset)
     for assignment in args.overrides:
         apply_override(cfg, assignment)

@@ -194,6 +194,7 @@ def test_nice_ticks():
 @pytest.mark.parametrize("argv, message", [
     (["--presets", "nope", "--steps", "5"], "unknown preset 'nope'"),
     (["--presets", "3dgs,3dgs", "--steps", "5"], "listed twice"),
+    (["--presets", "turbo+no-such-part", "--steps", "5"], "unknown ablation 'no-such-part'"),
     (["--presets", "3dgs"], "--budget-seconds S or --steps N"),
     (["--presets", "3dgs", "--steps", "5", "--step-cost"], "--step-cost"),
 ])
@@ -201,6 +202,32 @@ def test_bad_flags_are_one_line_errors(argv, message, tmp_path, capsys):
     code = bench.main([DEMO, *argv, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err and err.startswith("turbogs bench: error:")
+
+
+def test_ablation_presets_switch_one_part_off():
+    """"turbo+PART" is turbo with exactly one field changed, the same change as the train flag."""
+    from turbogs.config import get_preset
+
+    turbo = get_preset("turbo").to_dict()
+    changed = {
+        "turbo+no-sparse": {("sampler", "fraction_start"): 1.0, ("sampler", "fraction_end"): 1.0},
+        "turbo+no-ncc": {("tile_loss", "lambda_ncc"): 0.0},
+        "turbo+density-3dgs": {("density_strategy",): "3dgs"},
+        "turbo+optimizer-adam": {("optimizer",): "adam"},
+        "turbo+optimizer-hybrid": {("optimizer",): "hybrid"},
+    }
+    for name, fields in changed.items():
+        variant = get_preset(name).to_dict()
+        assert variant.pop("preset") == name
+        expected = {**turbo}
+        expected.pop("preset")
+        expected = {key: dict(value) if isinstance(value, dict) else value for key, value in expected.items()}
+        for path, value in fields.items():
+            if len(path) == 1:
+                expected[path[0]] = value
+            else:
+                expected[path[0]][path[1]] = value
+        assert variant == expected, name
 
 
 def test_missing_scene_is_a_one_line_error(tmp_path, capsys):

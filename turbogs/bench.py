@@ -49,7 +49,7 @@ import torch
 from tqdm import tqdm
 
 from turbogs.atomic import atomic_path, atomic_write_json, atomic_write_text
-from turbogs.config import PRESETS, TrainConfig, get_preset
+from turbogs.config import ABLATIONS, PRESETS, TrainConfig, get_preset
 from turbogs.data.scene import Scene
 from turbogs.errors import InputError
 from turbogs.evaluate import evaluate_views
@@ -691,7 +691,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "training time, and write bench.json, bench.md and psnr_vs_time.png.")
     p.add_argument("scene", help="capture folder (COLMAP or transforms.json); every 8th image is a test view")
     p.add_argument("--presets", default=",".join(PRESETS),
-                   help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)})")
+                   help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)}); "
+                        f"PRESET+ABLATION switches one part off, e.g. turbo+no-ncc "
+                        f"(ablations: {', '.join(ABLATIONS)})")
     sizing = p.add_mutually_exclusive_group()
     sizing.add_argument("--budget-seconds", type=positive_float, metavar="S",
                         help="give each preset a time budget of S seconds of training (as train --budget-seconds)")

@@ -114,27 +114,33 @@ def cmd_train(args: argparse.Namespace) -> int:
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
                          data_device=None if args.data_device == "auto" else torch.device(args.data_device),
                          max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30))
-    summary = train(scene, cfg, options)
-    report(summary, out_dir)
-    if viewer is not None:
-        from turbogs.model import latest_iteration, point_cloud_path
-        from turbogs.ply import read_ply
+    try:
+        summary = train(scene, cfg, options)
+        report(summary, out_dir)
+        if viewer is not None:
+            from turbogs.model import latest_iteration, point_cloud_path
+            from turbogs.ply import read_ply
 
-        params, _ = read_ply(point_cloud_path(out_dir, latest_iteration(out_dir)))
-        viewer.finish(params, block=not args.no_block)
+            params, _ = read_ply(point_cloud_path(out_dir, latest_iteration(out_dir)))
+            viewer.finish(params, block=not args.no_block)  # blocking: serves until Ctrl-C
+    finally:
+        if viewer is not None:
+            viewer.close()  # --no-block, or training failed: free the port, end the threads, exit
     return 0
 
 
 def apply_ablations(cfg, args: argparse.Namespace) -> None:
     """Switch single TurboGS parts off (or swap them) on top of any preset."""
+    from turbogs.config import ABLATIONS
+
     if args.no_sparse:
-        cfg.sampler.fraction_start = cfg.sampler.fraction_end = 1.0
+        ABLATIONS["no-sparse"](cfg)
     if args.no_ncc:
-        cfg.tile_loss.lambda_ncc = 0.0
+        ABLATIONS["no-ncc"](cfg)
     if args.density is not None:
-        cfg.density_strategy = args.density
+        ABLATIONS[f"density-{args.density}"](cfg)
     if args.optimizer is not None:
-        cfg.optimizer = args.optimizer
+        ABLATIONS[f"optimizer-{args.optimizer}"](cfg)
     if args.max_gaussians is not None:
         cfg.density.max_gaussians = args.max_gaussians
         cfg.error_density.max_gaussians = args.max_gaussians

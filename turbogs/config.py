@@ -110,12 +110,47 @@ PRESETS: Dict[str, Callable[[], TrainConfig]] = {
 }
 
 
+# --- ablations: one TurboGS part switched off (or swapped) on top of a preset ------------
+
+
+def _dense_tiles(cfg: TrainConfig) -> None:
+    cfg.sampler.fraction_start = cfg.sampler.fraction_end = 1.0
+
+
+def _no_ncc(cfg: TrainConfig) -> None:
+    cfg.tile_loss.lambda_ncc = 0.0
+
+
+def _use(field_name: str, value: str) -> Callable[[TrainConfig], None]:
+    return lambda cfg: setattr(cfg, field_name, value)
+
+
+# The CLI's --no-sparse, --no-ncc, --density and --optimizer, and bench's "turbo+no-sparse".
+ABLATIONS: Dict[str, Callable[[TrainConfig], None]] = {
+    "no-sparse": _dense_tiles,  # render every tile (the error memory still picks views)
+    "no-ncc": _no_ncc,
+    "density-3dgs": _use("density_strategy", "3dgs"),
+    "density-error": _use("density_strategy", "error"),
+    "optimizer-adam": _use("optimizer", "adam"),
+    "optimizer-hybrid": _use("optimizer", "hybrid"),
+}
+
+
 def get_preset(name: str) -> TrainConfig:
+    """A preset by name; "PRESET+ABLATION[+ABLATION...]" applies ablations on top of it
+    (e.g. "turbo+no-ncc"), which is how `turbogs bench` races a preset against its parts."""
     from turbogs.errors import TurboGSError
 
-    if name not in PRESETS:
-        raise TurboGSError(f"unknown preset '{name}' (choose from: {', '.join(PRESETS)})")
-    return PRESETS[name]()
+    base, *ablations = name.split("+")
+    if base not in PRESETS:
+        raise TurboGSError(f"unknown preset '{base}' (choose from: {', '.join(PRESETS)})")
+    cfg = PRESETS[base]()
+    for ablation in ablations:
+        if ablation not in ABLATIONS:
+            raise TurboGSError(f"unknown ablation '{ablation}' in preset '{name}' (choose from: {', '.join(ABLATIONS)})")
+        ABLATIONS[ablation](cfg)
+    cfg.preset = name
+    return cfg
 
 
 def from_dict(data: dict) -> TrainConfig:
