@@ -41,8 +41,11 @@ class SamplerConfig:
     ema_decay: float = 0.7  # memory <- decay * memory + (1 - decay) * new tile error
     fraction_start: float = 1.0  # share of a view's tiles rendered per step, early on ...
     fraction_end: float = 0.25  # ... and late in the run
-    dense_until: float = 0.1  # progress until which fraction_start holds
-    sparse_from: float = 0.5  # progress from which fraction_end holds (linear in between)
+    # Dense for the first fifth, sparse for the last two fifths: the early dense steps build the
+    # geometry the error memory needs (0.1/0.5 scored 0.5-1.3 dB lower on demo and test_colmap;
+    # benchmarks/results/2026-12-03_cpu_sparsity_schedule.md).
+    dense_until: float = 0.2  # progress until which fraction_start holds
+    sparse_from: float = 0.6  # progress from which fraction_end holds (linear in between)
 
     def __post_init__(self):
         def check(ok: bool, what: str):
