@@ -72,7 +72,8 @@ def test_bench_json_has_every_preset_with_points_memory_and_speed(demo_bench):
     first, second = (result["presets"][n]["points"] for n in ("3dgs", "3dgs_again"))
     assert [p["psnr"] for p in first] == pytest.approx([p["psnr"] for p in second], abs=1e-6)
     pair = result["speedup"]["3dgs"]["3dgs_again"]
-    assert set(pair) == {"target_psnr", "threshold_psnr", "seconds", "reference_seconds", "speedup"}
+    assert set(pair) == {"target_psnr", "threshold_psnr", "seconds", "reference_seconds", "speedup",
+                         "reference_run_seconds", "speedup_vs_run"}
     assert pair["target_psnr"] == pytest.approx(second[-1]["psnr"])
     assert set(result["speedup"]["3dgs_again"]) == {"3dgs"}
 
@@ -124,6 +125,20 @@ def test_speedups_compare_each_ordered_pair():
     assert entry["seconds"] == pytest.approx(30 + 1.9 / 3 * 30)
     assert entry["reference_seconds"] == pytest.approx(10 + 3.9 / 4 * 10)
     assert entry["speedup"] == pytest.approx((10 + 3.9 / 4 * 10) / (30 + 1.9 / 3 * 30))
+    assert entry["reference_run_seconds"] == 20 and entry["speedup_vs_run"] == pytest.approx(20 / (30 + 1.9 / 3 * 30))
+
+
+def test_speedup_vs_run_is_stable_when_the_reference_touches_its_final_early():
+    """A reference whose curve touches its final level early, dips and ends there gives a
+    first-crossing speedup near 1 however slow it is; against its whole run the ratio says
+    how much sooner the other preset has the same result."""
+    bumpy = points((0, 8.0), (10, 17.0), (20, 15.0), (150, 17.0))
+    quick = points((0, 8.0), (5, 12.0), (10, 18.0), (150, 19.0))
+    entry = bench.speedups({"quick": quick, "bumpy": bumpy}, tolerance=0.1)["quick"]["bumpy"]
+    t = 5 + (16.9 - 12.0) / 6.0 * 5
+    assert entry["seconds"] == pytest.approx(t)
+    assert entry["speedup"] == pytest.approx(10 * (16.9 - 8) / 9 / t)  # bumpy first got there at ~9.9 s
+    assert entry["speedup_vs_run"] == pytest.approx(150 / t)
 
 
 def test_budget_mode_stops_on_the_training_clock(tmp_path):
