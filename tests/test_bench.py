@@ -202,6 +202,8 @@ def test_nice_ticks():
     assert bench.nice_ticks(0, 57) == [0, 10, 20, 30, 40, 50, 60]
     assert bench.nice_ticks(4.9, 15.3) == [4, 6, 8, 10, 12, 14, 16]
     assert bench.nice_ticks(0.0, 0.5) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert bench.nice_ticks(0, 150.14) == [0, 50, 100, 150]  # a budget run's overshoot adds no tick
+    assert bench.nice_ticks(0, 151) == [0, 50, 100, 150, 200]
     ticks = bench.nice_ticks(20.0, 20.0)  # a flat curve still gets an axis
     assert ticks[0] < 20.0 < ticks[-1]
 
