@@ -560,3 +560,53 @@ def test_heatmap_without_a_photo_keeps_the_view_shape():
     assert out.shape == (24, 40, 3) and peak == 1.0
     red = cv2.cvtColor(cv2.applyColorMap(np.array([[255]], np.uint8), cv2.COLORMAP_TURBO), cv2.COLOR_BGR2RGB)[0, 0]
     assert (out[:16, 32:] == red).all() and not (out[16:, 32:] == red).all(axis=-1).any()
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_train_with_viewer_closes_the_viewer_when_training_ends(tmp_path, monkeypatch, block):
+    """`turbogs train --viewer --no-block` must end when training does: the viewer is closed,
+    its port freed, so the process exits. Without --no-block it first serves the final
+    model until Ctrl-C (here a serve_forever that returns at once)."""
+    import turbogs.viewer
+    from turbogs.cli import main
+    from turbogs.viewer.server import _can_bind
+
+    made, served = [], []
+
+    class Recorded(LiveViewer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(turbogs.viewer, "LiveViewer", Recorded)
+    monkeypatch.setattr(ViewerServer, "serve_forever", lambda server: served.append(not server._closed))
+    demo = Path(__file__).resolve().parents[1] / "scenes" / "demo"
+    args = ["train", str(demo), "--steps", "3", "--device", "cpu", "--viewer", "--port", "18660",
+            "--out", str(tmp_path / "model"), "--quiet"] + ([] if block else ["--no-block"])  # fmt: skip
+    assert main(args) == 0
+    (viewer,) = made
+    assert served == ([True] if block else [])  # blocking: served while still open
+    assert viewer._closed and viewer.server._closed and not viewer._worker.is_alive()
+    assert viewer.server.splats_handle is not None  # the final model was shown before closing
+    assert _can_bind("127.0.0.1", viewer.server.port)
+
+
+def test_camera_spacing_is_the_median_nearest_neighbour_distance():
+    """Frustums are sized by camera spacing, so they neither swamp a tight orbit nor vanish
+    in a city-scale capture. Checked against a brute-force loop, at two scales and over the
+    512-camera block boundary, and for the degenerate cases."""
+    from turbogs.viewer.server import camera_spacing
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(700, 3))
+    centers[5] = centers[4]  # two cameras at one spot: not each other's neighbour
+    brute = []
+    for i, c in enumerate(centers):
+        others = [np.linalg.norm(c - o) for j, o in enumerate(centers) if j != i and np.linalg.norm(c - o) > 0]
+        brute.append(min(others))
+    assert camera_spacing(centers) == pytest.approx(np.median(brute), rel=1e-12)
+    assert camera_spacing(centers * 1000.0) == pytest.approx(1000.0 * np.median(brute), rel=1e-12)
+    grid = np.stack(np.meshgrid(np.arange(4), np.arange(4), [0.0]), -1).reshape(-1, 3) * 0.5
+    assert camera_spacing(grid) == pytest.approx(0.5)
+    assert camera_spacing(np.zeros((1, 3)), fallback=7.0) == 7.0
+    assert camera_spacing(np.zeros((3, 3)), fallback=7.0) == 7.0  # all at one spot

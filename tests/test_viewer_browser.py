@@ -187,3 +187,34 @@ def test_live_viewer_follows_and_controls_a_training_loop():
     finally:
         viewer.close()
         trainer.join(timeout=5)
+
+
+def stroke_pixels(image: np.ndarray, rgb, tolerance: int = 40) -> int:
+    return int((np.abs(image[..., :3].astype(int) - np.asarray(rgb)).max(axis=-1) <= tolerance).sum())
+
+
+def test_curves_draw_in_a_browser_that_connected_before_the_first_point():
+    """uPlot charts created empty never drew, even after points arrived: the page opened at
+    the start of training showed blank Loss/PSNR charts until reloaded."""
+    from turbogs.viewer.live import Snapshot
+
+    viewer = LiveViewer([scene_camera()], port=18740, log=lambda m: None)
+    try:
+        with chromium_page(VIEW_W, VIEW_H) as page:
+            page.goto(viewer.server.url.replace("localhost", "127.0.0.1"))
+            charts = page.locator(".uplot canvas")  # the plot itself; the legend's swatches are HTML
+            charts.nth(1).wait_for(timeout=30_000)  # both charts exist before any point
+            for step in range(1, 21):
+                viewer.publish(Snapshot(step * 10, 200, float(step), {"loss": 1.0 / step, "psnr": 10.0 + step}))
+            deadline = time.time() + 30
+            while True:
+                shots = [cv2.cvtColor(cv2.imdecode(np.frombuffer(chart.screenshot(), np.uint8), cv2.IMREAD_COLOR),
+                                      cv2.COLOR_BGR2RGB) for chart in charts.all()]
+                counts = [stroke_pixels(shots[0], (0xD9, 0x48, 0x0F)), stroke_pixels(shots[1], (0x19, 0x71, 0xC2))]
+                if min(counts) >= 100 or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            paths = save_artifact(charts.first.screenshot(), "viewer_live_loss_chart.png")
+            assert min(counts) >= 100, (counts, paths)
+    finally:
+        viewer.close()

@@ -145,14 +145,16 @@ class LiveViewer:
         self.stop_button.on_click(lambda _: self.request_stop())
 
         with gui.add_folder("Curves"):
-            empty = np.zeros(0)
+            # uPlot never draws a chart created without points, even once points arrive: start
+            # with one invisible point (y = NaN); the first refresh replaces the whole series.
+            placeholder = (np.zeros(1), np.full(1, np.nan))
             steps_axis = {"x": viser.uplot.Scale(time=False)}  # steps, not UNIX timestamps
             self.loss_plot = gui.add_uplot(
-                (empty, empty), (viser.uplot.Series(label="step"), viser.uplot.Series(label="loss", stroke="#d9480f", width=2)),
+                placeholder, (viser.uplot.Series(label="step"), viser.uplot.Series(label="loss", stroke="#d9480f", width=2)),
                 title="Loss", aspect=2.0, scales=steps_axis,
             )  # fmt: skip
             self.psnr_plot = gui.add_uplot(
-                (empty, empty), (viser.uplot.Series(label="step"), viser.uplot.Series(label="PSNR (dB)", stroke="#1971c2", width=2)),
+                placeholder, (viser.uplot.Series(label="step"), viser.uplot.Series(label="PSNR (dB)", stroke="#1971c2", width=2)),
                 title="PSNR", aspect=2.0, scales=steps_axis,
             )  # fmt: skip
 

@@ -29,6 +29,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 PORT_ATTEMPTS = 20  # ports tried after the requested one before giving up
 SPLATS_NODE = "/gaussians"
 FRUSTUM_COLOR = (40, 90, 200)
+FRUSTUM_MIN_SCALE = 1e-3  # of the scene radius: frustums of cameras bunched together stay visible
+FRUSTUM_LINE_PX = 2.0  # screen pixels: world-unit lines vanish in large scenes and swamp small ones
 Log = Callable[[str], None]
 
 
@@ -69,6 +71,21 @@ def composite_over(rgba: np.ndarray, background=(255, 255, 255)) -> np.ndarray:
     alpha = rgba[..., 3:4].astype(np.float32) / 255.0
     rgb = rgba[..., :3].astype(np.float32) * alpha + np.asarray(background, np.float32) * (1.0 - alpha)
     return np.clip(rgb + 0.5, 0, 255).astype(np.uint8)
+
+
+def camera_spacing(centers: np.ndarray, fallback: float = 1.0) -> float:
+    """The typical distance between neighbouring cameras: the median distance from each
+    camera to its nearest other one. Frustums sized by it neither overlap nor vanish,
+    whatever the scene's units and extent. `fallback` when fewer than two cameras differ."""
+    centers = np.asarray(centers, dtype=np.float64).reshape(-1, 3)
+    nearest = [np.full(0, np.inf)]
+    for start in range(0, len(centers), 512):  # in blocks: thousands of cameras, little memory
+        distances = np.linalg.norm(centers[start : start + 512, None] - centers[None], axis=-1)
+        distances[distances <= 0.0] = np.inf  # the camera itself, and others at the same spot
+        nearest.append(distances.min(axis=1))
+    nearest = np.concatenate(nearest)
+    nearest = nearest[np.isfinite(nearest)]
+    return float(np.median(nearest)) if nearest.size else float(fallback)
 
 
 class ViewerServer:
@@ -140,12 +157,12 @@ class ViewerServer:
         self._frustums = []
         if not self.cameras:
             return
-        centers = np.stack([c.position for c in self.cameras])
-        spread = float(np.linalg.norm(centers.max(0) - centers.min(0))) if len(centers) > 1 else self.scene_radius
-        scale = max(0.05 * max(spread, self.scene_radius * 0.5), 1e-3)
+        spacing = camera_spacing(np.stack([c.position for c in self.cameras]), fallback=self.scene_radius)
+        scale = max(0.25 * spacing, FRUSTUM_MIN_SCALE * self.scene_radius)
         for index, cam in enumerate(self.cameras):
             handle = self.viser.scene.add_camera_frustum(
                 f"/training_cameras/{index}", fov=cam.fov_y, aspect=cam.aspect, scale=scale,
+                thickness=FRUSTUM_LINE_PX, thickness_units="screen",
                 color=FRUSTUM_COLOR, image=cam.thumbnail, wxyz=cam.wxyz, position=cam.position,
             )  # fmt: skip
             handle.on_click(lambda event, index=index: self.move_client_to(event.client, index))
