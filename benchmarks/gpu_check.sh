@@ -27,7 +27,7 @@
 # bench/profile.txt.
 #
 # Settings (environment): CARRY_DIR (.carry), OUT (a temp folder when unset), SITE_DIR
-# (/tmp/site; a temp folder in a dry run), PRESETS (turbo,3dgs: those that exist are run),
+# (/tmp/site; a temp folder in a dry run), PRESETS (turbo,3dgs: those that exist are run; PRESET+ABLATION allowed),
 # BENCH_SECONDS (60), BENCH_RESOLUTION (2), STEP_COST_GAUSSIANS (300000),
 # DRY_RUN_STEPS (20), DRY_RUN_RESOLUTION (8), GPU_CHECK_DEADLINE_S (470).
 set -uo pipefail
@@ -317,12 +317,18 @@ export BENCH
 bench_presets() {  # those of $PRESETS that exist, comma-separated
   python3 -c "
 import os
-from turbogs.config import PRESETS
+from turbogs.config import get_preset
+from turbogs.errors import TurboGSError
+def exists(name):  # a preset, or PRESET+ABLATION
+    try:
+        return get_preset(name) is not None
+    except TurboGSError:
+        return False
 wanted = os.environ.get('PRESETS', 'turbo,3dgs').split(',')
-missing = [p for p in wanted if p not in PRESETS]
+missing = [p for p in wanted if not exists(p)]
 if missing:
     import sys; print('presets not defined (skipped):', ', '.join(missing), file=sys.stderr)
-print(','.join(p for p in wanted if p in PRESETS))"
+print(','.join(p for p in wanted if exists(p)))"
 }
 
 phase_bench() {
