@@ -27,7 +27,8 @@
 # bench/profile.txt.
 #
 # Settings (environment): CARRY_DIR (.carry), OUT (a temp folder when unset), SITE_DIR
-# (/tmp/site; a temp folder in a dry run), PRESETS (turbo,3dgs: those that exist are run; PRESET+ABLATION allowed),
+# (/tmp/site; a temp folder in a dry run), PRESETS (turbo,3dgs: those that exist are run; PRESET+ABLATION and PRESET@STEPS allowed:
+# turbo,3dgs@7000 is issue 4's GPU target, turbo's budget against 3dgs at 7k steps),
 # BENCH_SECONDS (60), BENCH_RESOLUTION (2), STEP_COST_GAUSSIANS (300000),
 # DRY_RUN_STEPS (20), DRY_RUN_RESOLUTION (8), GPU_CHECK_DEADLINE_S (470).
 set -uo pipefail
@@ -317,11 +318,12 @@ export BENCH
 bench_presets() {  # those of $PRESETS that exist, comma-separated
   python3 -c "
 import os
+from turbogs.bench import split_steps
 from turbogs.config import get_preset
 from turbogs.errors import TurboGSError
-def exists(name):  # a preset, or PRESET+ABLATION
+def exists(name):  # a preset, PRESET+ABLATION, or either @STEPS
     try:
-        return get_preset(name) is not None
+        return get_preset(split_steps(name)[0]) is not None
     except TurboGSError:
         return False
 wanted = os.environ.get('PRESETS', 'turbo,3dgs').split(',')

@@ -156,6 +156,24 @@ def test_budget_mode_stops_on_the_training_clock(tmp_path):
         assert mark <= actual < mark + 5 * step_time + 0.5
 
 
+def test_a_preset_with_its_own_step_count_races_a_time_budget(tmp_path):
+    """`turbo,3dgs@N`: turbo runs the bench's time budget, 3dgs exactly N steps (its
+    schedules scaled to N, no budget), and the speedup against 3dgs's whole run is there:
+    the shape of the paper's claim against "3DGS at 7k steps"."""
+    code = bench.main([DEMO, "--presets", "turbo,3dgs@12", "-r", "1", "--budget-seconds", "1", "--eval-points", "2",
+                       "--device", "cpu", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["mode"] == {"budget_seconds": 1.0, "preset_steps": {"3dgs@12": 12}}
+    turbo, vanilla = result["presets"]["turbo"], result["presets"]["3dgs@12"]
+    assert turbo["stopped_by"] == "budget" and turbo["train_seconds"] >= 1.0
+    assert vanilla["stopped_by"] == "steps" and vanilla["steps"] == vanilla["max_steps"] == 12
+    assert [p["step"] for p in vanilla["points"]] == [0, 6, 12]  # evaluations every N/K steps
+    pair = result["speedup"]["turbo"]["3dgs@12"]
+    assert pair["reference_run_seconds"] == pytest.approx(vanilla["train_seconds"], abs=1e-3)
+    assert "3dgs@12 runs 12 steps instead" in (tmp_path / "bench.md").read_text()
+
+
 def test_step_cost_renders_the_asked_share_of_tiles(tmp_path):
     code = bench.main([DEMO, "--presets", "3dgs", "-r", "1", "--step-cost", "--step-cost-repeats", "1",
                        "--step-cost-gaussians", "2000", "--device", "cpu", "--out", str(tmp_path)])
@@ -212,6 +230,9 @@ def test_nice_ticks():
     (["--presets", "nope", "--steps", "5"], "unknown preset 'nope'"),
     (["--presets", "3dgs,3dgs", "--steps", "5"], "listed twice"),
     (["--presets", "turbo+no-such-part", "--steps", "5"], "unknown ablation 'no-such-part'"),
+    (["--presets", "3dgs@7k", "--steps", "5"], "'3dgs@7k': the steps after '@' must be a whole number"),
+    (["--presets", "3dgs@0", "--steps", "5"], "'3dgs@0': the steps after '@' must be a whole number of at least 1"),
+    (["--presets", "nope@5", "--steps", "5"], "unknown preset 'nope'"),
     (["--presets", "3dgs"], "--budget-seconds S or --steps N"),
     (["--presets", "3dgs", "--steps", "5", "--step-cost"], "--step-cost"),
 ])

@@ -16,6 +16,10 @@ same flag would be:
   seconds of training time (or at the preset's step cap, if that comes first).
   Evaluations when the training time passes S/K, 2S/K, ..., S.
 
+A preset named `P@N` runs N steps whatever the bench's sizing (`turbo,3dgs@7000`: turbo's
+time budget against 3DGS at 7k steps); "speedup vs run" then says how much sooner turbo
+had what 3DGS ended with. `P+ABLATION` switches one TurboGS part off (config.ABLATIONS).
+
 Outputs in --out: bench.json, bench.md (tables) and psnr_vs_time.png (one curve per
 preset, drawn with OpenCV). `--step-cost` instead measures seconds per
 render + loss + backward with 100%, 50% and 25% of the tiles rendered (step_cost.json).
@@ -91,11 +95,28 @@ class BenchSettings:
         if duplicates:
             raise InputError(f"bench: preset {duplicates[0]!r} is listed twice in --presets")
         for name in self.presets:
-            get_preset(name)  # raises naming the known presets
+            get_preset(split_steps(name)[0])  # raises naming the known presets
+
+    @property
+    def mixed_sizing(self) -> bool:
+        """Some preset runs its own number of steps (PRESET@N) instead of the bench's sizing."""
+        return any(split_steps(name)[1] is not None for name in self.presets)
 
 
 def parse_presets(text: str) -> List[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def split_steps(name: str) -> Tuple[str, Optional[int]]:
+    """"3dgs@7000" -> ("3dgs", 7000): that preset runs 7000 steps whatever the bench's
+    --budget-seconds or --steps, so that a time-budgeted preset can be raced against a
+    step-count reference (the paper's "3DGS at 7k steps"). A bare name -> (name, None)."""
+    base, at, steps = name.rpartition("@")
+    if not at:
+        return name, None
+    if not steps.isdigit() or int(steps) < 1:
+        raise InputError(f"bench: '{name}': the steps after '@' must be a whole number of at least 1")
+    return base, int(steps)
 
 
 # --- timing and memory --------------------------------------------------------------
@@ -229,9 +250,13 @@ def evaluation_point(trainer: Trainer, scene: Scene, first: bool, log) -> Tuple[
 
 
 def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
-    """The preset as `turbogs train --preset NAME` runs it with the same --steps or --budget-seconds."""
-    cfg = get_preset(name)
+    """The preset as `turbogs train --preset NAME` runs it with the same --steps or
+    --budget-seconds; PRESET@N as it runs with --steps N."""
+    base, own_steps = split_steps(name)
+    cfg = get_preset(base)
     cfg.seed = settings.seed
+    if own_steps is not None:
+        return cfg.for_run(steps=own_steps)
     return cfg.for_run(settings.steps, settings.budget_seconds)
 
 
@@ -267,7 +292,7 @@ def release_memory(device: torch.device) -> None:
 def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, first: bool) -> dict:
     """Train one preset, evaluating at the marks; returns its entry of bench.json."""
     cfg = preset_config(name, settings)
-    budget = settings.budget_seconds
+    budget = cfg.budget_seconds  # None: this preset runs a number of steps
     if budget is None:
         marks = EvalMarks.every_steps(cfg.steps, settings.eval_points)
     else:
@@ -280,11 +305,15 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     bar.set_postfix_str(name)
     point, backbone = evaluation_point(trainer, scene, first, settings.log)
     points = [point]
-    bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by (steps or seconds)
+    # The bar counts steps, training seconds or, when presets are sized differently, presets.
+    bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by
     while trainer.progress() < 1.0:  # the trainer's own end: its steps, or its time budget
         seconds = trainer.run_step()
         meter.sample()
-        advance = 1 if budget is None else min(seconds, budget - bar_share)
+        if settings.mixed_sizing:
+            advance = min(trainer.progress(), 1.0) - bar_share
+        else:
+            advance = 1 if budget is None else min(seconds, budget - bar_share)
         bar.update(advance)
         bar_share += advance
         if marks.due(trainer.step, trainer.elapsed):
@@ -295,7 +324,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     if points[-1]["step"] != trainer.step:
         points.append(evaluation_point(trainer, scene, False, settings.log)[0])
         meter.sample()
-    full_share = cfg.steps if budget is None else budget
+    full_share = 1.0 if settings.mixed_sizing else cfg.steps if budget is None else budget
     if full_share > bar_share:  # a preset that stopped early still fills its share
         bar.update(full_share - bar_share)
 
@@ -349,12 +378,18 @@ def run_bench(settings: BenchSettings) -> dict:
     width, height = scene.train[0].width, scene.train[0].height
     sizing = (f"{settings.steps} steps" if settings.steps is not None
               else f"{settings.budget_seconds:g} s of training time")
+    own_steps = {name: split_steps(name)[1] for name in settings.presets if split_steps(name)[1] is not None}
+    if own_steps:
+        sizing += " (" + ", ".join(f"{name}: {steps} steps" for name, steps in own_steps.items()) + ")"
     settings.log(f"bench {settings.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{width}x{height} px; presets {', '.join(settings.presets)}, {sizing} each, "
                  f"{settings.eval_points} evaluations, on {settings.device}")
     warm_up(scene, settings)
 
-    if settings.steps is not None:
+    if settings.mixed_sizing:
+        bar = tqdm(total=len(settings.presets), unit="preset", desc="bench", disable=not settings.progress,
+                   dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.2f}/{total} presets [{elapsed}<{remaining}{postfix}]")
+    elif settings.steps is not None:
         bar = tqdm(total=settings.steps * len(settings.presets), unit="step", desc="bench",
                    disable=not settings.progress, dynamic_ncols=True)
     else:
@@ -378,7 +413,8 @@ def run_bench(settings: BenchSettings) -> dict:
         "command": settings.command,
         "machine": machine_info(settings.device),
         "seed": settings.seed,
-        "mode": {"steps": settings.steps} if settings.steps is not None else {"budget_seconds": settings.budget_seconds},
+        "mode": dict({"steps": settings.steps} if settings.steps is not None else {"budget_seconds": settings.budget_seconds},
+                     **({"preset_steps": own_steps} if own_steps else {})),
         "eval_points": settings.eval_points,
         "psnr_tolerance_db": PSNR_TOLERANCE_DB,
         "presets": presets,
@@ -412,6 +448,8 @@ def markdown_report(result: dict) -> str:
     mode = result["mode"]
     sizing = (f"{mode['steps']} steps per preset (schedules scaled to them)" if "steps" in mode
               else f"a time budget of {mode['budget_seconds']:g} s of training per preset (schedules follow it)")
+    if mode.get("preset_steps"):
+        sizing += "; " + ", ".join(f"{name} runs {steps} steps instead" for name, steps in mode["preset_steps"].items())
     machine = result["machine"]
     where = machine.get("gpu") or f"{machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads"
     lines = [
@@ -710,7 +748,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)}); "
                         f"PRESET+ABLATION switches one part off, e.g. turbo+no-ncc "
-                        f"(ablations: {', '.join(ABLATIONS)})")
+                        f"(ablations: {', '.join(ABLATIONS)}); PRESET@N runs N steps whatever the "
+                        f"budget, e.g. turbo,3dgs@7000 races turbo's budget against 3dgs at 7k steps")
     sizing = p.add_mutually_exclusive_group()
     sizing.add_argument("--budget-seconds", type=positive_float, metavar="S",
                         help="give each preset a time budget of S seconds of training (as train --budget-seconds)")
