@@ -338,6 +338,7 @@ phase_bench() {
   presets=$(bench_presets) || return 1
   [[ -n $presets ]] || { echo "none of the presets exists"; return 1; }
   if [[ $DRY_RUN == 1 ]]; then
+    presets=$(echo "$presets" | sed 's/@[0-9]*//g')  # a dry run keeps every preset to DRY_RUN_STEPS
     $BENCH "$SCENE" --presets "$presets" -r "${DRY_RUN_RESOLUTION:-8}" --steps "${DRY_RUN_STEPS:-20}" \
       --eval-points 2 --device cpu --quiet --out "$OUT/bench"
   else
