@@ -98,9 +98,15 @@ class BenchSettings:
             get_preset(split_steps(name)[0])  # raises naming the known presets
 
     @property
+    def preset_steps(self) -> Dict[str, int]:
+        """The presets that run their own number of steps (PRESET@N), with N."""
+        sized = {name: split_steps(name)[1] for name in self.presets}
+        return {name: steps for name, steps in sized.items() if steps is not None}
+
+    @property
     def mixed_sizing(self) -> bool:
-        """Some preset runs its own number of steps (PRESET@N) instead of the bench's sizing."""
-        return any(split_steps(name)[1] is not None for name in self.presets)
+        """Some preset runs its own number of steps instead of the bench's sizing."""
+        return bool(self.preset_steps)
 
 
 def parse_presets(text: str) -> List[str]:
@@ -306,11 +312,12 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     point, backbone = evaluation_point(trainer, scene, first, settings.log)
     points = [point]
     # The bar counts steps, training seconds or, when presets are sized differently, presets.
+    mixed = settings.mixed_sizing
     bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by
     while trainer.progress() < 1.0:  # the trainer's own end: its steps, or its time budget
         seconds = trainer.run_step()
         meter.sample()
-        if settings.mixed_sizing:
+        if mixed:
             advance = min(trainer.progress(), 1.0) - bar_share
         else:
             advance = 1 if budget is None else min(seconds, budget - bar_share)
@@ -324,7 +331,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     if points[-1]["step"] != trainer.step:
         points.append(evaluation_point(trainer, scene, False, settings.log)[0])
         meter.sample()
-    full_share = 1.0 if settings.mixed_sizing else cfg.steps if budget is None else budget
+    full_share = 1.0 if mixed else cfg.steps if budget is None else budget
     if full_share > bar_share:  # a preset that stopped early still fills its share
         bar.update(full_share - bar_share)
 
@@ -378,7 +385,7 @@ def run_bench(settings: BenchSettings) -> dict:
     width, height = scene.train[0].width, scene.train[0].height
     sizing = (f"{settings.steps} steps" if settings.steps is not None
               else f"{settings.budget_seconds:g} s of training time")
-    own_steps = {name: split_steps(name)[1] for name in settings.presets if split_steps(name)[1] is not None}
+    own_steps = settings.preset_steps
     if own_steps:
         sizing += " (" + ", ".join(f"{name}: {steps} steps" for name, steps in own_steps.items()) + ")"
     settings.log(f"bench {settings.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
@@ -386,7 +393,7 @@ def run_bench(settings: BenchSettings) -> dict:
                  f"{settings.eval_points} evaluations, on {settings.device}")
     warm_up(scene, settings)
 
-    if settings.mixed_sizing:
+    if own_steps:
         bar = tqdm(total=len(settings.presets), unit="preset", desc="bench", disable=not settings.progress,
                    dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.2f}/{total} presets [{elapsed}<{remaining}{postfix}]")
     elif settings.steps is not None:
@@ -490,8 +497,8 @@ def markdown_report(result: dict) -> str:
             "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
         for a, b, s in pairs:
-            never = s["seconds"] is None
-            speedup = "never reached" if never else "-" if s["speedup"] is None else f"{s['speedup']:.2f}x"
+            speedup = ("never reached" if s["seconds"] is None
+                       else "-" if s["speedup"] is None else f"{s['speedup']:.2f}x")
             vs_run = "-" if s.get("speedup_vs_run") is None else f"{s['speedup_vs_run']:.2f}x"
             lines.append(f"| {a} | {b} | {s['target_psnr']:.2f} | {_fmt(s['seconds'], '.1f')} | "
                          f"{_fmt(s['reference_seconds'], '.1f')} | {speedup} | "
