@@ -14,8 +14,10 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
+import cv2
+import numpy as np
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -83,6 +85,12 @@ def artifact_paths(name: str) -> List[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         paths.append(folder / name)
     return paths
+
+
+def screenshot_rgb(target) -> Tuple[bytes, np.ndarray]:
+    """A Playwright page's or element's screenshot: the PNG bytes, and the pixels as RGB."""
+    png = target.screenshot()
+    return png, cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 
 def save_artifact(png: bytes, name: str) -> List[Path]:

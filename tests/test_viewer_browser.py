@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from browser import chromium_page, require_browser, save_artifact
+from browser import chromium_page, require_browser, save_artifact, screenshot_rgb
 from test_viewer import BLOBS, CAMERA_F, CAMERA_H, blob_params, scene_camera, write_blob_model
 
 from turbogs.viewer import LiveViewer, serve_model
@@ -54,12 +54,6 @@ def looks_like(rgb, color) -> bool:
 def blobs_visible(image: np.ndarray) -> bool:
     h, w = image.shape[:2]
     return all(looks_like(patch_mean(image, expected_pixel(c, w, h)), color) for c, color in BLOBS.values())
-
-
-def screenshot_rgb(page) -> tuple:
-    png = page.screenshot()
-    bgr = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)
-    return png, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def test_model_viewer_draws_the_splats_and_saves_a_screenshot(tmp_path):
@@ -208,13 +202,12 @@ def test_curves_draw_in_a_browser_that_connected_before_the_first_point():
                 viewer.publish(Snapshot(step * 10, 200, float(step), {"loss": 1.0 / step, "psnr": 10.0 + step}))
             deadline = time.time() + 30
             while True:
-                shots = [cv2.cvtColor(cv2.imdecode(np.frombuffer(chart.screenshot(), np.uint8), cv2.IMREAD_COLOR),
-                                      cv2.COLOR_BGR2RGB) for chart in charts.all()]
-                counts = [stroke_pixels(shots[0], (0xD9, 0x48, 0x0F)), stroke_pixels(shots[1], (0x19, 0x71, 0xC2))]
+                shots = [screenshot_rgb(chart) for chart in charts.all()]
+                counts = [stroke_pixels(shots[0][1], (0xD9, 0x48, 0x0F)), stroke_pixels(shots[1][1], (0x19, 0x71, 0xC2))]
                 if min(counts) >= 100 or time.time() > deadline:
                     break
                 time.sleep(0.5)
-            paths = save_artifact(charts.first.screenshot(), "viewer_live_loss_chart.png")
+            paths = save_artifact(shots[0][0], "viewer_live_loss_chart.png")
             assert min(counts) >= 100, (counts, paths)
     finally:
         viewer.close()
