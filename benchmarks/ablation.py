@@ -27,6 +27,8 @@ def parse_value(current, text: str):
         if text.lower() not in ("true", "false"):
             raise ValueError(f"expected true or false, got {text}")
         return text.lower() == "true"
+    if isinstance(current, tuple):
+        return tuple(part for part in text.split(",") if part)
     return float(text) if current is None else type(current)(text)
 
 

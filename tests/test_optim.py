@@ -115,24 +115,32 @@ def test_estimator_call_conventions():
 # --- the update rule ------------------------------------------------------------------------
 
 
-def reference_run(grads, estimates, lr, betas, eps, hessian_beta, kappa, clip, p0):
-    """The documented rule, written out in float64 numpy for one row-less vector."""
+def reference_run(grads, estimates, lr, betas, eps, hessian_beta, kappa, clip, p0, quantile=None, lengthening=1.0):
+    """The documented rule, written out in float64 numpy for one row-less vector (one row:
+    it has a curvature estimate or not). With `quantile`, kappa is recalibrated after each
+    estimate, as the quantile of sqrt(v_hat) / h_hat over the coordinates with both."""
     b1, b2 = betas
     p, m, v, h = p0.copy(), np.zeros_like(p0), np.zeros_like(p0), np.zeros_like(p0)
     k = 0
+    kappa = 0.0 if quantile is not None else kappa
     path = []
     for t, (g, est) in enumerate(zip(grads, estimates), start=1):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
         h_hat = h / (1 - hessian_beta**k) if k > 0 else np.zeros_like(h)
-        step = lr * m_hat / (np.maximum(kappa * h_hat, np.sqrt(v_hat)) + eps)
+        floor = np.sqrt(v_hat) / (lengthening if k > 0 else 1.0)
+        step = lr * m_hat / (np.maximum(kappa * h_hat, floor) + eps)
         if clip is not None:
             step = np.clip(step, -clip * lr, clip * lr)
         p = p - step
         if est is not None:  # folded in after the step, as the trainer does
             h = hessian_beta * h + (1 - hessian_beta) * est
             k += 1
+            if quantile is not None:
+                h_hat, adam = h / (1 - hessian_beta**k), np.sqrt(v / (1 - b2**t))
+                both = (h_hat > 0) & (adam > 0)
+                kappa = float(np.quantile((adam / h_hat)[both], quantile)) if both.any() else 0.0
         path.append(p.copy())
     return path
 
@@ -158,6 +166,61 @@ def test_update_matches_the_documented_formula(clip):
     # The curvature made a difference (otherwise this test would not test the blend).
     adam_only = reference_run(grads, [None] * steps, kappa=0.2, clip=clip, p0=p0, **hyper)
     assert np.abs(adam_only[-1] - expected[-1]).max() > 1e-3
+
+
+def test_calibrated_update_matches_the_documented_formula():
+    """The trainer's default: kappa recalibrated at each estimate so that the median
+    coordinate's Newton step is Adam's, and a Newton step at most 2x Adam's."""
+    rng = np.random.default_rng(1)
+    steps, n = 9, 40
+    grads = [rng.normal(size=n) * 10 ** rng.uniform(-2, 1, size=n) for _ in range(steps)]
+    estimates = [rng.uniform(0, 50, size=n) * 10 ** rng.uniform(-2, 2, size=n) if t % 3 == 1 else None
+                 for t in range(steps)]
+    p0 = rng.normal(size=n)
+    hyper = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-8, hessian_beta=0.7)
+    expected = reference_run(grads, estimates, kappa=None, clip=None, p0=p0, quantile=0.5, lengthening=2.0, **hyper)
+
+    param = torch.tensor(p0, requires_grad=True)
+    optimizer = HybridOptimizer([param], calibration_quantile=0.5, max_lengthening=2.0, **hyper)
+    adam = torch.optim.Adam([param.detach().clone().requires_grad_()], lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"])
+    longer = shorter = 0
+    for grad, estimate, want in zip(grads, estimates, expected):
+        before = param.detach().clone()
+        adam_param = adam.param_groups[0]["params"][0]
+        adam_param.data.copy_(before)
+        param.grad, adam_param.grad = torch.tensor(grad), torch.tensor(grad)
+        optimizer.step()
+        adam.step()
+        if estimate is not None:
+            optimizer.update_hessian(torch.tensor(estimate))
+        np.testing.assert_allclose(param.detach().numpy(), want, rtol=1e-12, atol=1e-12)
+        ours, adams = (param.detach() - before).abs(), (adam_param.detach() - before).abs()
+        assert bool((ours <= 2 * adams * (1 + 1e-9) + 1e-15).all())  # never more than twice Adam's step
+        longer += int((ours > adams * 1.01).sum())
+        shorter += int((ours < adams * 0.99).sum())
+    assert longer > 0 and shorter > 0  # the curvature moved steps both ways
+
+
+def test_calibrated_curvature_scale_is_the_quantile_of_adam_over_curvature():
+    """Rows without an estimate are left out of the quantile and take Adam's step."""
+    param = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    optimizer = HybridOptimizer([param], lr=0.1, betas=(0.9, 0.99), calibration_quantile=0.25, max_lengthening=4.0)
+    grad = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], dtype=torch.float64)
+    param.grad = grad
+    optimizer.step()
+    seen = torch.tensor([True, True, True, False])
+    curvature = torch.tensor([[1.0, 1.0], [2.0, 8.0], [0.5, 3.0], [9.0, 9.0]], dtype=torch.float64)
+    optimizer.update_hessian(curvature, visible=seen)
+    state = optimizer.state[param]
+    # After one step v_hat = g^2 exactly and h_hat = the one estimate: sqrt(v_hat) / h_hat = |g| / h.
+    ratios = (grad[:3] / curvature[:3]).flatten()
+    assert float(state["kappa"]) == pytest.approx(float(torch.quantile(ratios, 0.25)), rel=1e-6)
+    # The next step: the unseen row moves as Adam would, whatever kappa.
+    before = param.detach().clone()
+    param.grad = grad
+    optimizer.step()
+    m_hat = grad  # constant gradients: m_hat = g, v_hat = g^2
+    assert torch.allclose(before[3] - param.detach()[3], 0.1 * m_hat[3] / grad[3].abs())
 
 
 def test_clip_bounds_a_gradient_spike():
@@ -334,7 +397,7 @@ def test_state_follows_row_operations_of_density_control():
     train_steps(gaussians, optimizers, 3, seed=1)
     before = {name: {key: value.clone() for key, value in opt.state[gaussians.params[name]].items()}
               for name, opt in optimizers.items()}
-    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count", "step"}
+    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count", "step", "kappa"}
     untouched = copy.deepcopy((gaussians, optimizers))  # the reference for kept rows
 
     keep = torch.tensor([True, False, True, True, False, True])

@@ -44,6 +44,8 @@ class TrainConfig:
     seed: int = 0
     sh_degree: int = 3
     sh_increase_every: int = 1000  # raise the active SH degree every N steps
+    # Or every this fraction of the run, whatever its length (budget or steps); None: by steps.
+    sh_increase_fraction: Optional[float] = None
     init_random_points: int = 100_000  # used only when the capture has no SfM points
     random_background: bool = False
     lr: LearningRates = field(default_factory=LearningRates)
@@ -97,10 +99,13 @@ def preset_turbo() -> TrainConfig:
         budget_seconds=100.0,
         error_guided=True,
         density_strategy="error",
-        # The hybrid optimizer is built and tested (turbogs/optim.py, --optimizer hybrid), but on
-        # the demo scene it trails Adam (benchmarks/results/2026-12-02_cpu_optimizer_ablation.md),
-        # so the preset keeps Adam until the hybrid earns its place on a GPU benchmark.
-        optimizer="adam",
+        # Curvature-informed steps for the means, Adam's for the rest: +1.0 dB over Adam at 100 s
+        # on test_colmap, three seeds (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
+        optimizer="hybrid",
+        # INRIA's proportion (a degree every 1000 of 30k steps) in every run, step-based ones too:
+        # a step-based run otherwise raises the degree every steps/7 (scaled_to), and late SH cost
+        # the hybrid 2.3 dB on the demo at 1500 steps (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
+        sh_increase_fraction=1 / 30,
     )
 
 

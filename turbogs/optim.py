@@ -33,11 +33,33 @@ per-coordinate floor under kappa * h_hat. So a curvature estimate that is too *s
 One that is too *large* only shortens it. An optional hard clip (`clip`, Sophia-G style)
 also bounds |step| <= clip * lr.
 
-Bias of the blend: the Newton branch divides by an *average* curvature, and
-E[1/h_hat] >= 1/E[h_hat] (Jensen), so noise in `h_hat` lengthens Newton steps on
-average. The Adam cap bounds how far this can go. With the EMA over ~1/(1-hessian_beta)
-estimates, the relative noise of `h_hat` is about sqrt(2 (1-hessian_beta)/(1+hessian_beta)) or less
-(see `gauss_newton_diagonal_sample`): about 20% at hessian_beta = 0.95.
+Calibrated curvature, and longer steps (what the trainer uses)
+--------------------------------------------------------------
+In splatting the rule above does nothing: the curvature of the L1 + D-SSIM loss has no
+known scale (the estimator uses an L2-like surrogate, see `gauss_newton_diagonal_sample`),
+and at the default scale kappa * h_hat stays far below sqrt(v_hat) (medians 1e-6 to 6e-3 of
+it over a turbo run), so Adam's step always wins. Two options make the curvature count:
+
+- `calibration_quantile` q: after each estimate, kappa is recalibrated as the q-quantile of
+  sqrt(v_hat) / h_hat over the coordinates that have both. The surrogate's scale cancels;
+  the curvature says only which coordinates are *relatively* stiff. At q = 0.5 the median
+  coordinate's Newton step has Adam's length, stiffer ones take shorter steps, softer ones
+  longer.
+- `max_lengthening` L: the floor becomes sqrt(v_hat) / L on rows with a curvature estimate,
+
+      P = max(kappa * h_hat, sqrt(v_hat) / L)     (rows with no estimate yet: sqrt(v_hat))
+
+  so a Newton step may be up to L times Adam's, never more. L = 1 is the rule above.
+
+Why this can help where Adam already adapts: with an L1 loss every pixel's residual weight
+has the same magnitude, so Adam's v_hat is itself a Gauss-Newton diagonal with unit
+residuals (an empirical Fisher), and Adam's step ~ m / sqrt(h). The calibrated hybrid steps
+~ m / h between its bounds: it moves the preconditioner's exponent from 1/2 to 1. For a
+Gaussian's mean, h grows like 1/size^2, so Adam moves a tiny and a large Gaussian by the same
+distance, and the hybrid moves each in proportion to its size. Measured on test_colmap
+(benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md), this pays for the means (+1.0 dB at
+100 s) and costs for opacities, scales and colours, so the trainer curves only the means
+(`HybridConfig.curvature_on`).
 
 Where it helps (tests/test_optim.py measures it): on an ill-conditioned quadratic with
 noisy gradients (targets observed with noise, like one view or a few tiles per step),
@@ -101,6 +123,7 @@ import torch
 from turbogs.errors import TurboGSError
 
 ParamsArg = Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
+_QUANTILE_SAMPLE = 1 << 20  # ratios drawn for the calibration quantile when there are more
 
 
 @dataclass
@@ -112,16 +135,30 @@ class HybridConfig:
     betas: Tuple[float, float] = (0.9, 0.999)  # Adam's, as INRIA
     eps: float = 1e-15  # INRIA's; gradients of faint Gaussians are tiny
     hessian_beta: float = 0.95  # EMA of curvature estimates: ~20 estimates = 200 steps at hessian_every 10
-    newton_fraction: float = 1 / 3  # where curvature governs, take this much of a Newton step (at the initial lr)
-    clip: Optional[float] = None  # hard bound |step| <= clip * lr; None: Adam's step is the bound
     hessian_every: int = 10  # steps between curvature estimates (Sophia's k)
-    selective: bool = True  # update only the Gaussians visible in the step (SelectiveAdam)
+    # Which parameters take curvature-informed steps; the others take Adam's. On test_colmap the
+    # means gain and every other group loses (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md):
+    # a mean's curvature scales with 1/size^2, so the Newton step moves a Gaussian in proportion
+    # to its size where Adam moves every mean by the same length.
+    curvature_on: Tuple[str, ...] = ("means",)
+    # The curvature's absolute scale is unknown (the surrogate below is a guess), so by default
+    # it is calibrated: kappa puts the median coordinate's Newton step at Adam's length, and
+    # the others shorter or longer by their relative stiffness. None: the fixed kappa below.
+    calibration_quantile: Optional[float] = 0.5
+    max_lengthening: float = 2.0  # a Newton step may be at most this many times Adam's
+    newton_fraction: float = 1 / 3  # uncalibrated only: kappa = lr / newton_fraction
+    clip: Optional[float] = None  # hard bound |step| <= clip * lr
+    # Update only the Gaussians visible in the step (SelectiveAdam). Off: on CPU it cost ~1.1 dB
+    # at 300 demo steps (invisible Gaussians gliding on their momentum helps there); on a GPU
+    # it saves the moment updates of invisible rows, a trade still to be measured.
+    selective: bool = False
     # Bias-correct each row by its own step count (True) or, as Adam and gsplat's SelectiveAdam,
     # by the optimizer's (False). Per-row gives a new Gaussian an lr-sized first step instead of
     # Adam's ~2.5 lr; on the demo scene that cost 0.5-2.2 dB (benchmarks/results/2026-12-02_cpu_optimizer_ablation.md).
     row_bias_correction: bool = False
     # Curvature per unit of per-pixel loss weight. The L1 loss has no curvature, so a
     # Huber-like surrogate is used: curvature 1/delta, with delta ~ a typical residual.
+    # Calibration cancels it; it matters only with calibration_quantile None.
     loss_hessian_scale: float = 10.0
 
     def __post_init__(self):
@@ -132,12 +169,14 @@ class HybridConfig:
         if not self.loss_hessian_scale >= 0:
             raise TurboGSError(f"hybrid optimizer: loss_hessian_scale must be >= 0, got {self.loss_hessian_scale}")
 
-    def optimizer_kwargs(self, lr: float) -> dict:
+    def optimizer_kwargs(self, lr: float, curved: bool = True) -> dict:
         """Keyword arguments for `HybridOptimizer(params, **cfg.optimizer_kwargs(lr))`, with
-        `lr` the parameter's initial learning rate (a schedule may change it later)."""
+        `lr` the parameter's initial learning rate (a schedule may change it later); with
+        `curved` False, the optimizer takes Adam's steps (no curvature)."""
         return dict(lr=lr, betas=self.betas, eps=self.eps, hessian_beta=self.hessian_beta,
-                    curvature_scale=lr / self.newton_fraction, clip=self.clip,
-                    row_bias_correction=self.row_bias_correction)
+                    curvature_scale=lr / self.newton_fraction if curved else 0.0, clip=self.clip,
+                    row_bias_correction=self.row_bias_correction, max_lengthening=self.max_lengthening,
+                    calibration_quantile=self.calibration_quantile if curved else None)
 
 
 # --- the curvature estimator --------------------------------------------------------
@@ -225,12 +264,16 @@ class HybridOptimizer(torch.optim.Optimizer):
         curvature_scale: Optional[float] = None,
         clip: Optional[float] = None,
         row_bias_correction: bool = False,
+        max_lengthening: float = 1.0,
+        calibration_quantile: Optional[float] = None,
     ):
         if curvature_scale is None:
             curvature_scale = 3.0 * lr  # a third of a Newton step where the curvature governs
-        _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip)
+        _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,
+                               calibration_quantile)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, hessian_beta=hessian_beta,
-                        curvature_scale=curvature_scale, clip=clip, row_bias_correction=row_bias_correction)
+                        curvature_scale=curvature_scale, clip=clip, row_bias_correction=row_bias_correction,
+                        max_lengthening=max_lengthening, calibration_quantile=calibration_quantile)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for param in group["params"]:
@@ -248,6 +291,7 @@ class HybridOptimizer(torch.optim.Optimizer):
             state["row_step"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["hessian_count"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["step"] = torch.zeros((), dtype=torch.float64)
+            state["kappa"] = torch.zeros((), dtype=torch.float64)  # the calibrated curvature scale, if calibrating
         return state
 
     @staticmethod
@@ -290,8 +334,10 @@ class HybridOptimizer(torch.optim.Optimizer):
                     t = state["step"].to(param.device)
                 bias1 = (1 - beta1 ** t).to(param.dtype)
                 denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
+                if group["calibration_quantile"] is not None:
+                    kappa = float(state["kappa"])
                 if kappa > 0:
-                    denominator = torch.maximum(denominator, self._curvature(state, group, param, kappa))
+                    denominator = self._hybrid_denominator(state, group, param, denominator, kappa)
                 ratio = exp_avg / denominator.add_(eps)  # m / P; the step is lr * ratio / bias1
                 if clip is not None:
                     ratio.clamp_(-clip * bias1, clip * bias1)  # |step| <= clip * lr
@@ -302,6 +348,16 @@ class HybridOptimizer(torch.optim.Optimizer):
                 _assign(state["exp_avg_sq"], exp_avg_sq, rows)
                 state["row_step"].copy_(row_step)
         return loss
+
+    def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
+                            kappa: float) -> torch.Tensor:
+        """max(kappa * h_hat, sqrt(v_hat) / L) on rows with a curvature estimate, sqrt(v_hat) on
+        the others (a row with no estimate yet must not be lengthened)."""
+        floor = adam
+        if group["max_lengthening"] > 1:
+            estimated = _per_row(state["hessian_count"] > 0, param)
+            floor = torch.where(estimated, adam / group["max_lengthening"], adam)
+        return torch.maximum(floor, self._curvature(state, group, param, kappa))
 
     @staticmethod
     def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -336,6 +392,26 @@ class HybridOptimizer(torch.optim.Optimizer):
                 hessian = state["hessian"].lerp(estimate.to(param.dtype), 1 - beta)
                 _assign(state["hessian"], hessian, rows)
                 state["hessian_count"].add_(1 if rows is None else rows.to(param.dtype))
+                if group["calibration_quantile"] is not None:
+                    state["kappa"] = self._calibrated_curvature_scale(state, group, param)
+
+    def _calibrated_curvature_scale(self, state: dict, group: dict, param: torch.Tensor) -> torch.Tensor:
+        """The kappa at which the Newton step equals Adam's at the `calibration_quantile` of
+        sqrt(v_hat) / h_hat over the coordinates that have both (0 while there are none).
+        Coordinates with a smaller ratio (stiffer, or less noisy) take shorter steps than Adam,
+        those with a larger one longer steps, up to max_lengthening."""
+        beta2 = group["betas"][1]
+        steps = max(float(state["step"]), 1.0)
+        adam = state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** steps)
+        curvature = self._curvature(state, group, param, 1.0)
+        ratio = (adam / curvature)[(curvature > 0) & (adam > 0)]
+        if ratio.numel() == 0:
+            return torch.zeros((), dtype=torch.float64)
+        if ratio.numel() > _QUANTILE_SAMPLE:  # torch.quantile's input limit; a uniform sample is as good
+            ratio = ratio[torch.randint(ratio.numel(), (_QUANTILE_SAMPLE,), device=ratio.device)]
+        if ratio.dtype not in (torch.float32, torch.float64):
+            ratio = ratio.float()  # torch.quantile's dtypes
+        return torch.quantile(ratio, group["calibration_quantile"]).double().cpu()
 
 
 def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
@@ -346,7 +422,8 @@ def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tens
         target.copy_(torch.where(_per_row(rows, target), value, target))
 
 
-def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip) -> None:
+def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,
+                           calibration_quantile) -> None:
     """Hyperparameters come from the user's config, so a bad one is a TurboGSError."""
     problems = []
     if not lr >= 0:
@@ -361,5 +438,9 @@ def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip) 
         problems.append(f"curvature_scale must be >= 0, got {curvature_scale}")
     if clip is not None and not clip > 0:
         problems.append(f"clip must be > 0 or None, got {clip}")
+    if not max_lengthening >= 1:
+        problems.append(f"max_lengthening must be >= 1, got {max_lengthening}")
+    if calibration_quantile is not None and not 0 < calibration_quantile < 1:
+        problems.append(f"calibration_quantile must be in (0, 1) or None, got {calibration_quantile}")
     if problems:
         raise TurboGSError("hybrid optimizer: " + "; ".join(problems))
