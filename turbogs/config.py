@@ -99,8 +99,8 @@ def preset_turbo() -> TrainConfig:
         budget_seconds=100.0,
         error_guided=True,
         density_strategy="error",
-        # Curvature-informed steps for the means, Adam's for the rest: +1.0 dB over Adam at 100 s
-        # on test_colmap, three seeds (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
+        # Curvature-informed steps for the means, Adam's for the rest: +0.9 dB over Adam at 100 s
+        # on test_colmap, five seeds of five (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
         optimizer="hybrid",
         # INRIA's proportion (a degree every 1000 of 30k steps) in every run, step-based ones too:
         # a step-based run otherwise raises the degree every steps/7 (scaled_to), and late SH cost

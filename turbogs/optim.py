@@ -33,6 +33,12 @@ per-coordinate floor under kappa * h_hat. So a curvature estimate that is too *s
 One that is too *large* only shortens it. An optional hard clip (`clip`, Sophia-G style)
 also bounds |step| <= clip * lr.
 
+Bias of the blend: the Newton branch divides by an *average* curvature, and
+E[1/h_hat] >= 1/E[h_hat] (Jensen), so noise in `h_hat` lengthens Newton steps on
+average. The Adam cap bounds how far this can go. With the EMA over ~1/(1-hessian_beta)
+estimates, the relative noise of `h_hat` is about sqrt(2 (1-hessian_beta)/(1+hessian_beta)) or less
+(see `gauss_newton_diagonal_sample`): about 20% at hessian_beta = 0.95.
+
 Calibrated curvature, and longer steps (what the trainer uses)
 --------------------------------------------------------------
 In splatting the rule above does nothing: the curvature of the L1 + D-SSIM loss has no
@@ -57,9 +63,11 @@ residuals (an empirical Fisher), and Adam's step ~ m / sqrt(h). The calibrated h
 ~ m / h between its bounds: it moves the preconditioner's exponent from 1/2 to 1. For a
 Gaussian's mean, h grows like 1/size^2, so Adam moves a tiny and a large Gaussian by the same
 distance, and the hybrid moves each in proportion to its size. Measured on test_colmap
-(benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md), this pays for the means (+1.0 dB at
-100 s) and costs for opacities, scales and colours, so the trainer curves only the means
-(`HybridConfig.curvature_on`).
+(benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md), this pays for the means (+0.9 dB at
+100 s, five seeds) and costs for opacities, scales and colours, so the trainer curves only the
+means (`HybridConfig.curvature_on`). With calibration, noise in h_hat reorders coordinates:
+one whose curvature is overestimated steps shorter, one whose curvature is underestimated
+steps longer, but never more than L times Adam's step.
 
 Where it helps (tests/test_optim.py measures it): on an ill-conditioned quadratic with
 noisy gradients (targets observed with noise, like one view or a few tiles per step),
