@@ -1,5 +1,7 @@
 // Torch glue for the TurboGS kernels: checks tensors, allocates outputs and calls the
-// launchers of turbo_kernels.h on the current CUDA stream. Built into turbogs._C by
+// launchers of turbo_kernels.h on the current CUDA stream. Every launch is checked at once
+// (C10_CUDA_KERNEL_LAUNCH_CHECK): a bad launch raises here, naming the kernel, instead of
+// surfacing later as a wrong number or an error at some unrelated sync. Built into turbogs._C by
 // cuda/build.py. Python-side semantics: turbogs/turbo/_cuda.py and _torch_impl.py.
 // Narrow includes instead of <torch/extension.h>: the same Tensor and pybind11 casters,
 // at a third of the compile time.
@@ -9,6 +11,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -37,6 +40,7 @@ void memory_update(at::Tensor errors, int64_t view, int64_t num_tiles, at::Tenso
     turbogs::launch_memory_update(errors.data_ptr<float>() + view * errors.size(1), num_tiles,
                                   tile_ids.data_ptr<int64_t>(), tile_errors.data_ptr<float>(), tile_ids.numel(),
                                   (float)decay, current_stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 at::Tensor view_sample_keys(at::Tensor errors, at::Tensor tile_counts, double view_floor, at::Tensor uniforms) {
@@ -53,6 +57,7 @@ at::Tensor view_sample_keys(at::Tensor errors, at::Tensor tile_counts, double vi
     turbogs::launch_view_sample_keys(errors.data_ptr<float>(), tile_counts.data_ptr<int64_t>(), num_views,
                                      errors.size(1), (float)view_floor, uniforms.data_ptr<float>(),
                                      scratch.data_ptr<float>(), keys.data_ptr<float>(), current_stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     return keys;
 }
 
@@ -65,6 +70,7 @@ at::Tensor tile_sample_keys(at::Tensor errors_row, double gamma, double tile_flo
     turbogs::launch_tile_sample_keys(errors_row.data_ptr<float>(), errors_row.numel(), (float)gamma,
                                      (float)tile_floor, uniforms.data_ptr<float>(), keys.data_ptr<float>(),
                                      current_stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     return keys;
 }
 
@@ -115,6 +121,7 @@ std::vector<at::Tensor> tile_loss_forward(at::Tensor render, at::Tensor gt, std:
     turbogs::launch_tile_loss_forward(render.data_ptr<float>(), gt.data_ptr<float>(), in.mask,
                                       tile_ids.data_ptr<int64_t>(), k, in.params, tile_loss.data_ptr<float>(),
                                       tile_weight.data_ptr<float>(), current_stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {tile_loss, tile_weight};
 }
 
@@ -132,6 +139,7 @@ at::Tensor tile_loss_backward(at::Tensor render, at::Tensor gt, std::optional<at
     turbogs::launch_tile_loss_backward(render.data_ptr<float>(), gt.data_ptr<float>(), in.mask,
                                        tile_ids.data_ptr<int64_t>(), tile_ids.numel(), in.params,
                                        tile_scale.data_ptr<float>(), grad.data_ptr<float>(), current_stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad;
 }
 

@@ -71,3 +71,17 @@ def test_bindings_compile_against_torch_headers(tmp_path):
     command.append(str(CUDA_DIR / "bindings.cpp"))
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_every_kernel_launch_is_checked():
+    """Each launcher call in the bindings is followed by C10_CUDA_KERNEL_LAUNCH_CHECK, so a bad
+    launch raises at once, naming the op, instead of turning up at a later, unrelated sync."""
+    import re
+
+    source = (CUDA_DIR / "bindings.cpp").read_text()
+    launches = list(re.finditer(r"turbogs::(launch_\w+)\(.*?\);", source, re.DOTALL))
+    declared = set(re.findall(r"void (launch_\w+)\(", (CUDA_DIR / "turbo_kernels.h").read_text()))
+    assert {m.group(1) for m in launches} == declared
+    for launch in launches:
+        following = source[launch.end():].lstrip()
+        assert following.startswith("C10_CUDA_KERNEL_LAUNCH_CHECK();"), f"{launch.group(1)} is not checked"
