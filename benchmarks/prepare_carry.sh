@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fill the git-ignored .carry/ folder with what benchmarks/gpu_check.sh needs on a GPU
+# Fill the git-ignored .carry/ folder with what benchmarks/gpu_build.sh and gpu_check.sh need on a GPU
 # machine that has no network: run it here (a CPU machine that reaches PyPI), then send
 # .carry along with the working tree (the device tool's `carry: [".carry"]`).
 #
@@ -8,8 +8,8 @@
 #   .carry/test_colmap/  the 23-image COLMAP test capture (images/ and sparse/)
 #
 # Which dependencies: each downloaded wheel's METADATA (Requires-Dist) is read, and what
-# neither the GPU machine has (H200_HAS in gpu_check.sh) nor .carry holds is downloaded,
-# until nothing is missing (gpu_check.sh --list-missing does the reading).
+# neither the GPU machine has (H200_HAS in gpu_common.sh) nor .carry holds is downloaded,
+# until nothing is missing (gpu_build.sh --list-missing does the reading).
 #
 # Settings (environment): CARRY_DIR (.carry), SCENE_SRC (../shared/data/test_colmap).
 # The whole working tree that travels is limited to 64 MiB; the size is printed at the end.
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=${CARRY_DIR:-.carry}
 SCENE_SRC=${SCENE_SRC:-../shared/data/test_colmap}
-TOP_LEVEL="gsplat==1.5.3 plyfile viser==1.1.1"  # as CARRY_REQUIRES in gpu_check.sh
+TOP_LEVEL="gsplat==1.5.3 plyfile viser==1.1.1"  # as CARRY_REQUIRES in gpu_common.sh
 
 download() {  # exact wheels for the GPU machine's Python, whatever this machine runs
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -33,12 +33,12 @@ echo "downloading $TOP_LEVEL"
 # shellcheck disable=SC2086
 download $TOP_LEVEL
 for round in 1 2 3 4 5 6 7 8; do
-  mapfile -t missing < <(CARRY_DIR=$CARRY bash benchmarks/gpu_check.sh --list-missing)
+  mapfile -t missing < <(CARRY_DIR=$CARRY bash benchmarks/gpu_build.sh --list-missing)
   ((${#missing[@]} == 0)) && break
   echo "round $round: downloading ${missing[*]}"
   download "${missing[@]}"
 done
-still_missing=$(CARRY_DIR=$CARRY bash benchmarks/gpu_check.sh --list-missing)
+still_missing=$(CARRY_DIR=$CARRY bash benchmarks/gpu_build.sh --list-missing)
 if [[ -n $still_missing ]]; then
   echo "dependencies still missing after 8 rounds: $still_missing" >&2
   exit 1

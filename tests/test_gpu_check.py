@@ -1,5 +1,6 @@
-"""benchmarks/gpu_check.sh: its dry run passes on a CPU machine, and its carry check
-finds what a bare GPU machine would lack.
+"""The two device calls, benchmarks/gpu_build.sh then benchmarks/gpu_check.sh: their dry
+runs pass on a CPU machine one after the other (the second finding the first's install), and
+the carry check finds what a bare GPU machine would lack.
 
 The carry folder is a fake one made here: tiny wheels that hold only their METADATA
 (the dependencies of the real gsplat 1.5.3, plyfile and viser 1.1.1, cut down), and the
@@ -19,7 +20,8 @@ import cv2
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
+BUILD = REPO / "benchmarks" / "gpu_build.sh"
+CHECK = REPO / "benchmarks" / "gpu_check.sh"
 
 # name, version, Requires-Dist lines. Markers that do not hold on the GPU machine
 # (extras, old Pythons, Windows) must not count as needs.
@@ -74,10 +76,10 @@ def fake_carry(tmp_path):
     return carry
 
 
-def run_script(*args, carry: Path, tmp_path: Path, timeout: int = 240, **env):
-    environment = {**os.environ, "CARRY_DIR": str(carry), "OUT": str(tmp_path / "out"),
-                   "SITE_DIR": str(tmp_path / "site"), "OMP_NUM_THREADS": "1", **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=environment, capture_output=True, text=True,
+def run_script(*args, carry: Path, tmp_path: Path, script: Path = BUILD, out: str = "out", timeout: int = 240, **env):
+    environment = {**os.environ, "CARRY_DIR": str(carry), "OUT": str(tmp_path / out),
+                   "GPU_DIR": str(tmp_path / "gpu"), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(["bash", str(script), *args], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -112,29 +114,58 @@ def test_a_wrong_version_or_platform_is_caught(fake_carry, tmp_path):
     assert "BAD      websockets-16.0-cp312-cp312-win_amd64.whl" in output
 
 
-def test_dry_run_passes_on_cpu(fake_carry, tmp_path):
-    result = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, DRY_RUN_STEPS="4", DRY_RUN_RESOLUTION="1")
-    out = tmp_path / "out"
-    log = (out / "gpu_check.log").read_text() if (out / "gpu_check.log").is_file() else ""
-    assert result.returncode == 0, result.stdout[-3000:] + log[-3000:]
-    summary = result.stdout[result.stdout.index("=== summary"):]
-    for phase in ("environment", "carry", "install", "cuda tests", "bench", "step cost", "outputs"):
+def summary_of(result) -> str:
+    return result.stdout[result.stdout.index("=== summary"):]
+
+
+def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
+    built = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, out="build")
+    build_out = tmp_path / "build"
+    log = (build_out / "build.log").read_text() if (build_out / "build.log").is_file() else ""
+    assert built.returncode == 0, built.stdout[-3000:] + log[-3000:]
+    summary = summary_of(built)
+    for phase in ("environment", "carry", "install", "cuda tests"):
         assert f"PASS  {phase} (" in summary, summary
     assert "SKIP  builds" in summary
-    assert "dry run: CUDA builds skipped" in log
+    assert "dry run: CUDA builds skipped" in log and "removes its build folder" in log
+    versions = (build_out / "versions.txt").read_text()
+    assert "torch" in versions and "g++" in versions and "Python" in versions
+    # Only the two CUDA test files were collected (and skipped: no GPU here).
+    pytest_log = (build_out / "pytest_cuda.log").read_text()
+    assert "skipped" in pytest_log and "test_render_cuda.py" in pytest_log and "test_turbo_cuda.py" in pytest_log
+    assert "test_viewer" not in pytest_log and "test_bench" not in pytest_log
+    # The editable install went into the git-ignored GPU folder, where call 2 finds it.
+    assert (tmp_path / "gpu" / "site" / "sitecustomize.py").is_file()
+    assert list((tmp_path / "gpu" / "site").glob("__editable__*turbogs*.pth"))
 
-    # The editable install made turbogs.viewer importable from the site folder alone.
-    assert (tmp_path / "site" / "sitecustomize.py").is_file()
-    assert list((tmp_path / "site").glob("__editable__*turbogs*.pth"))
-    # The CUDA tests were collected (and skipped: no GPU here).
-    assert "skipped" in (out / "pytest.log").read_text()
+    checked = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, script=CHECK, out="check",
+                         DRY_RUN_STEPS="4", DRY_RUN_RESOLUTION="1")
+    out = tmp_path / "check"
+    log = (out / "check.log").read_text() if (out / "check.log").is_file() else ""
+    assert checked.returncode == 0, checked.stdout[-3000:] + log[-3000:]
+    summary = summary_of(checked)
+    for phase in ("ready", "bench", "step cost", "outputs"):
+        assert f"PASS  {phase} (" in summary, summary
+    assert "call 1's install and builds found" in log
 
     bench = json.loads((out / "bench" / "bench.json").read_text())
     assert bench["device"] == "cpu" and bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
+    assert set(bench["presets"]) == {"turbo", "3dgs"}  # 3dgs@7000 kept to the dry run's steps
     assert all(entry["steps"] == 4 for entry in bench["presets"].values())
     assert cv2.imread(str(out / "bench" / "psnr_vs_time.png")) is not None
     assert json.loads((out / "bench" / "step_cost.json").read_text())["device"] == "cpu"
     assert "self_cpu_time_total" in (out / "bench" / "profile.txt").read_text()
-    # Only the few files the device tool brings back.
-    files = [p for p in out.rglob("*") if p.is_file()]
-    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 2 for p in files)
+    # Only the few files the device tool brings back, from each call.
+    for folder in (build_out, out):
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        assert len(files) <= 8 and all(len(p.relative_to(folder).parts) <= 2 for p in files)
+
+
+def test_check_builds_first_on_a_machine_call_1_did_not_prepare(fake_carry, tmp_path):
+    """A fresh machine for call 2 (the warm one was given back): it installs before the bench."""
+    result = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, script=CHECK, out="check",
+                        DRY_RUN_STEPS="2", DRY_RUN_RESOLUTION="1")
+    log = (tmp_path / "check" / "check.log").read_text()
+    assert result.returncode == 0, result.stdout[-3000:] + log[-3000:]
+    assert "installing and building now" in log
+    assert (tmp_path / "gpu" / "site" / "sitecustomize.py").is_file()
