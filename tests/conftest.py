@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run benchmarks/gpu_check.sh on one)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run benchmarks/gpu_build.sh on one)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
