@@ -197,12 +197,16 @@ def click(ws, button) -> None:
     ws.send(msgspec.msgpack.encode(_messages.GuiUpdateMessage(button._impl.uuid, {"value": True}).as_serializable_dict()))
 
 
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
 def connect(viewer: LiveViewer):
     ws = _viser_client(viewer.server.port)  # it binds 0.0.0.0, so loopback reaches it too
-    deadline = time.time() + 5
-    while not viewer.server.clients() and time.time() < deadline:
-        time.sleep(0.02)
-    assert viewer.server.clients(), "the test client never registered"
+    assert wait_until(viewer.server.clients), "the test client never registered"
     return ws
 
 
@@ -216,9 +220,7 @@ def test_off_loopback_the_server_refuses_forged_pause_and_stop(tmp_path):
         for _ in range(3):
             click(ws, viewer.pause_button)
             click(ws, viewer.stop_button)
-        deadline = time.time() + 3
-        while not any("refused" in m for m in logged) and time.time() < deadline:
-            time.sleep(0.02)
+        assert wait_until(lambda: any("refused" in m for m in logged))
         time.sleep(0.5)  # time for any click that were to get through
         assert not viewer.paused and not viewer.stop_requested
         refusals = [m for m in logged if "refused" in m]
@@ -228,37 +230,25 @@ def test_off_loopback_the_server_refuses_forged_pause_and_stop(tmp_path):
         viewer.close()
 
 
-def test_viewer_control_lets_the_network_stop_training():
-    """The same forged click works with --viewer-control: the refusal above is the gate, not a broken click."""
+@pytest.mark.parametrize("host, control, button, done, startup", [
+    # The same forged click works with --viewer-control: the refusal above is the gate, not a broken click.
+    ("0.0.0.0", True, "stop_button", "stop_requested", "--viewer-control lets any of them pause, resume or stop training"),
+    ("127.0.0.1", False, "pause_button", "paused", None),  # on loopback nothing changes: no warning, controls on
+], ids=["viewer-control", "loopback"])
+def test_allowed_clicks_act(host, control, button, done, startup):
     logged = []
-    viewer = LiveViewer([scene_camera()], host="0.0.0.0", port=18660, refresh_seconds=0.2, log=logged.append,
-                        control=True)
+    viewer = LiveViewer([scene_camera()], host=host, port=18660, refresh_seconds=0.2, log=logged.append,
+                        control=control)
     try:
-        assert any("--viewer-control lets any of them pause, resume or stop training" in m for m in logged), logged
-        assert not viewer.stop_button.disabled
+        if startup is None:
+            assert not any("WARNING" in m or "read-only" in m for m in logged), logged
+        else:
+            assert any(startup in m for m in logged), logged
+        assert viewer.server.control_allowed and not getattr(viewer, button).disabled
         ws = connect(viewer)
-        click(ws, viewer.stop_button)
-        deadline = time.time() + 5
-        while not viewer.stop_requested and time.time() < deadline:
-            time.sleep(0.02)
-        assert viewer.stop_requested
-        ws.close()
-    finally:
-        viewer.close()
-
-
-def test_on_loopback_nothing_changes():
-    logged = []
-    viewer = LiveViewer([scene_camera()], host="127.0.0.1", port=18680, refresh_seconds=0.2, log=logged.append)
-    try:
-        assert viewer.server.control_allowed and not viewer.stop_button.disabled
-        assert not any("WARNING" in m or "read-only" in m for m in logged), logged
-        ws = connect(viewer)
-        click(ws, viewer.pause_button)
-        deadline = time.time() + 5
-        while not viewer.paused and time.time() < deadline:
-            time.sleep(0.02)
-        assert viewer.paused
+        click(ws, getattr(viewer, button))
+        assert wait_until(lambda: getattr(viewer, done))
+        assert not any("refused" in m for m in logged), logged
         ws.close()
     finally:
         viewer.close()
@@ -276,9 +266,7 @@ def test_a_read_only_model_viewer_writes_no_screenshots(tmp_path):
         assert button.disabled
         ws = _viser_client(server.port)
         click(ws, button)
-        deadline = time.time() + 5
-        while not any("refused" in m for m in logged) and time.time() < deadline:
-            time.sleep(0.02)
+        assert wait_until(lambda: any("refused" in m for m in logged))
         assert any("refused a request to save a screenshot" in m for m in logged), logged
         assert not list(model.glob("screenshot_*.png"))
         ws.close()

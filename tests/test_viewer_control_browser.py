@@ -12,16 +12,14 @@ Skipped only on a developer machine without Chromium; on CI (env CI set) they mu
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 
 import pytest
-import torch
 
 from browser import chromium_page, require_browser, save_artifact, screenshot_rgb
-from test_viewer import blob_params, scene_camera
-from test_viewer_browser import VIEW_H, VIEW_W, dom_step, wait_for_step_change
+from test_trust import wait_until
+from test_viewer import scene_camera
+from test_viewer_browser import VIEW_H, VIEW_W, dom_step, start_fake_training, wait_for_step_change
 
 from turbogs.viewer import LiveViewer
 
@@ -40,34 +38,12 @@ FORCE_CLICK = """uuid => {
 }"""
 
 
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.time() + timeout
-    while not condition() and time.time() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
 @pytest.mark.parametrize("control", [False, True], ids=["read-only", "viewer-control"])
 def test_stop_from_a_browser_on_a_public_host_needs_viewer_control(control):
     logged = []
     viewer = LiveViewer([scene_camera()], host="0.0.0.0", port=18740 + 20 * control, refresh_seconds=0.3,
                         log=logged.append, control=control)
-    params = {k: torch.from_numpy(v) for k, v in blob_params(per_blob=100).items()}
-    heat = torch.rand(15, 20, generator=torch.Generator().manual_seed(0))
-    progress = {"step": 0, "done": False}
-
-    def fake_training():
-        step = 0
-        while not viewer.stop_requested and step < 10**6:
-            viewer.wait_if_paused()
-            step += 1
-            progress["step"] = step
-            viewer.update(step, 10**6, {"loss": 1.0 / step, "psnr": 10 + math.log(step)}, lambda: params, lambda v: heat)
-            time.sleep(0.005)
-        progress["done"] = True
-
-    trainer = threading.Thread(target=fake_training, daemon=True)
-    trainer.start()
+    trainer, progress = start_fake_training(viewer)
     try:
         startup = [m for m in logged if "0.0.0.0" in m]
         assert len(startup) == 1 and ("read-only" in startup[0]) != control, startup
