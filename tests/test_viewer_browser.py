@@ -116,8 +116,9 @@ def wait_for_step_change(page, old: int, timeout: float = 15.0) -> int:
     return old
 
 
-def test_live_viewer_follows_and_controls_a_training_loop():
-    viewer = LiveViewer([scene_camera()], port=18720, refresh_seconds=0.3, log=lambda m: None)
+def start_fake_training(viewer: LiveViewer):
+    """A training loop in a thread that feeds `viewer` and honours its Pause and Stop:
+    returns (thread, progress), progress = {"step": last step, "done": loop ended}."""
     params = {k: torch.from_numpy(v) for k, v in blob_params(per_blob=100).items()}
     heat = torch.rand(15, 20, generator=torch.Generator().manual_seed(0))
     progress = {"step": 0, "done": False}
@@ -134,6 +135,12 @@ def test_live_viewer_follows_and_controls_a_training_loop():
 
     trainer = threading.Thread(target=fake_training, daemon=True)
     trainer.start()
+    return trainer, progress
+
+
+def test_live_viewer_follows_and_controls_a_training_loop():
+    viewer = LiveViewer([scene_camera()], port=18720, refresh_seconds=0.3, log=lambda m: None)
+    trainer, progress = start_fake_training(viewer)
     try:
         with chromium_page(VIEW_W, VIEW_H) as page:
             page.goto(viewer.server.url.replace("localhost", "127.0.0.1"))

@@ -4,17 +4,27 @@ A checkpoint holds everything the loop needs to continue bit-for-bit where it
 stopped: parameters, optimizer moments, density and sampler state, RNG states,
 step and elapsed time. The newest two are kept; a corrupt newest one falls back to
 the one before it, with a warning, so a `kill -9` during a save costs nothing.
+
+Trust: a checkpoint is loaded as data only (`torch.load(weights_only=True)`), never as
+arbitrary pickle. Everything TurboGS stores is tensors, numbers, strings, lists and dicts
+(random generator states are byte tensors), so its own checkpoints, old ones included,
+load unchanged. A file that holds any other Python object could run code while being
+unpickled: it is refused, named in one line, and the previous checkpoint is tried as
+for a torn one.
 """
 
 from __future__ import annotations
 
+import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from turbogs.atomic import atomic_path
+from turbogs.errors import TurboGSError
 
 KEEP = 2
 FORMAT_VERSION = 1
@@ -50,14 +60,50 @@ def remove_checkpoints(model_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+class UnusableCheckpoint(Exception):
+    """A checkpoint file that cannot be resumed from; the message says why, in one line."""
+
+
+def _refusal(path: Path) -> str:
+    """Why weights_only refused `path`, naming the foreign globals when the archive can be
+    scanned for them (that scan reads pickle opcodes; it unpickles nothing)."""
+    try:
+        names = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(path)))
+    except Exception:  # not a torch zip archive, e.g. a bare pickle
+        names = []
+    if names:
+        return f"checkpoint {path} holds Python objects other than tensors and plain data ({', '.join(names)})"
+    return f"checkpoint {path} is not plain tensor data as TurboGS writes it"
+
+
+def read_checkpoint(path: Path, step: int) -> dict:
+    """Load one checkpoint as plain data, or raise UnusableCheckpoint."""
+    try:
+        with warnings.catch_warnings():  # torch's notes on odd pickle protocols: our one line says enough
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only met something other than tensors and plain data
+        raise UnusableCheckpoint(f"{_refusal(path)}; refused, since loading it could run code") from None
+    except Exception as exc:  # torn mid-write, truncated, or not a checkpoint at all
+        raise UnusableCheckpoint(f"checkpoint {path} is unreadable ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or state.get("step") != step \
+            or "params" not in state:
+        raise UnusableCheckpoint(f"checkpoint {path} is unreadable (unexpected contents)")
+    return state
+
+
 def load_latest_checkpoint(model_dir: Path, warn: Callable[[str], None] = print) -> Optional[dict]:
-    """The newest checkpoint that loads and checks out, or None when there is none."""
-    for step, path in list_checkpoints(model_dir):
+    """The newest checkpoint that loads and checks out, or None when there is none.
+    A torn or refused one falls back to the one before it, with a warning; when every
+    checkpoint there is unusable, that is a one-line TurboGSError."""
+    found = list_checkpoints(model_dir)
+    for index, (step, path) in enumerate(found):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            if state.get("format") != FORMAT_VERSION or state.get("step") != step or "params" not in state:
-                raise ValueError("unexpected contents")
-            return state
-        except Exception as exc:  # a torn or foreign file: try the previous one
-            warn(f"warning: checkpoint {path} is unreadable ({type(exc).__name__}); trying the previous one")
+            return read_checkpoint(path, step)
+        except UnusableCheckpoint as exc:
+            if index + 1 < len(found):
+                warn(f"warning: {exc}; trying the previous one")
+            else:
+                older = "no checkpoint before it loads either" if index else "there is no older checkpoint"
+                raise TurboGSError(f"cannot resume: {exc}, and {older} (delete it, or train without --resume)") from None
     return None

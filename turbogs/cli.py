@@ -108,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.viewer:
         from turbogs.viewer import LiveViewer
 
-        viewer = LiveViewer(scene.train, host=args.host, port=args.port)
+        viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control)
     options = RunOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
                          evaluate=True, progress=not args.quiet, images=args.images,
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
@@ -248,7 +248,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_view(args: argparse.Namespace) -> int:
     from turbogs.viewer import serve_model
 
-    serve_model(args.model, host=args.host, port=args.port, block=True)
+    serve_model(args.model, host=args.host, port=args.port, block=True, control=args.viewer_control)
     return 0
 
 
@@ -267,6 +267,9 @@ def add_server(p: argparse.ArgumentParser) -> None:
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=port_arg, default=DEFAULT_PORT,
                    help=f"port of the web viewer (default {DEFAULT_PORT}; the next free one if taken)")
+    p.add_argument("--viewer-control", action="store_true",
+                   help="off loopback, let every browser that reaches the viewer use its controls (pause/resume/stop "
+                        "training, screenshots); without it such a viewer is read-only. On loopback they always work")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,9 +49,12 @@ def read_cfg_args(path: Path) -> Dict[str, object]:
     if not (text.startswith("Namespace(") and text.endswith(")")):
         raise InputError(f"{path}: not a cfg_args file (expected 'Namespace(...)')")
     try:
-        call = ast.parse(text, mode="eval").body
+        call = ast.parse(text, mode="eval").body  # parsing runs nothing; literal_eval evaluates literals only
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Namespace"
+                and not call.args and all(kw.arg for kw in call.keywords)):
+            raise ValueError("expected Namespace(name=value, ...) and nothing else")
         return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
         raise InputError(f"{path}: unreadable cfg_args ({exc})") from None
 
 

@@ -15,9 +15,12 @@ def main(argv=None) -> int:
     parser.add_argument("model", help="model folder (point_cloud/iteration_N/point_cloud.ply) or a .ply file")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 exposes the model to the network)")
     parser.add_argument("--port", type=int, default=8080, help="first port to try; the next free one is used if taken")
+    parser.add_argument("--viewer-control", action="store_true",
+                        help="off loopback, let every browser save screenshots here too (read-only otherwise)")
     args = parser.parse_args(argv)
     try:
-        serve_model(args.model, host=args.host, port=args.port, block=True, log=lambda msg: print(msg, flush=True))
+        serve_model(args.model, host=args.host, port=args.port, block=True, log=lambda msg: print(msg, flush=True),
+                    control=args.viewer_control)
     except TurboGSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

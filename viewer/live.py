@@ -7,6 +7,9 @@ Gaussians and of the selected view's error memory). Those are the only reads of 
 state, so they happen where the state is consistent. Everything else happens in a
 background thread: building the splat arrays, colouring the heatmap, sending. A browser
 that disconnects, or any failure in that thread, is logged and never reaches training.
+
+Pause/Resume/Stop work from any browser on loopback; off loopback only with `control=True`
+(--viewer-control), otherwise the server refuses them (see ViewerServer.guarded).
 """
 
 from __future__ import annotations
@@ -92,11 +95,15 @@ class LiveViewer:
         port: int = 8080,
         refresh_seconds: float = 2.0,
         log: Log = print,
+        control: bool = False,
     ):
+        """control: let browsers pause, resume and stop training even when `host` is not
+        loopback (--viewer-control); on loopback they always can."""
         self.log = log
         self.refresh_seconds = float(refresh_seconds)
         self.views: List[ViewCamera] = cameras_from_scene(cameras)
-        self.server = ViewerServer(host, port, title="TurboGS training", log=log)
+        self.server = ViewerServer(host, port, title="TurboGS training", log=log, control=control,
+                                   controls="pause, resume or stop training")
 
         self._started = time.monotonic()
         self._next_refresh = 0.0  # the first update() refreshes at once
@@ -137,12 +144,15 @@ class LiveViewer:
         with gui.add_folder("Training"):
             self.status = gui.add_markdown("**Step** 0 / 0  \n**State** starting")
             self.progress = gui.add_progress_bar(0.0)
-            self.pause_button = gui.add_button("Pause", icon=viser.Icon.PLAYER_PAUSE)
+            off = not self.server.control_allowed
+            self.pause_button = gui.add_button("Pause", icon=viser.Icon.PLAYER_PAUSE, disabled=off)
             self.resume_button = gui.add_button("Resume", icon=viser.Icon.PLAYER_PLAY, disabled=True)
-            self.stop_button = gui.add_button("Stop", icon=viser.Icon.PLAYER_STOP, color="red")
-        self.pause_button.on_click(lambda _: self.pause())
-        self.resume_button.on_click(lambda _: self.resume())
-        self.stop_button.on_click(lambda _: self.request_stop())
+            self.stop_button = gui.add_button("Stop", icon=viser.Icon.PLAYER_STOP, color="red", disabled=off)
+            if off:
+                gui.add_markdown(self.server.control_note())
+        self.pause_button.on_click(self.server.guarded("pause training", lambda _: self.pause()))
+        self.resume_button.on_click(self.server.guarded("resume training", lambda _: self.resume()))
+        self.stop_button.on_click(self.server.guarded("stop training", lambda _: self.request_stop()))
 
         with gui.add_folder("Curves"):
             # uPlot never draws a chart created without points, even once points arrive: start

@@ -28,13 +28,16 @@ def model_summary(model: LoadedModel, bounds: np.ndarray) -> str:
 
 
 def serve_model(
-    model: Union[str, Path], host: str = "127.0.0.1", port: int = 8080, *, block: bool = True, log: Log = print
+    model: Union[str, Path], host: str = "127.0.0.1", port: int = 8080, *, block: bool = True, log: Log = print,
+    control: bool = False,
 ) -> ViewerServer:
     """Load `model` (an INRIA model folder or a .ply) and serve it. With `block`, return
-    only after Ctrl-C (the server is closed then); otherwise return the running server."""
+    only after Ctrl-C (the server is closed then); otherwise return the running server.
+    control: let browsers off loopback save screenshots here too (--viewer-control)."""
     loaded = load_model(model)
     splats = splats_from_params(loaded.params)
-    server = ViewerServer(host, port, title="TurboGS", log=log)
+    server = ViewerServer(host, port, title="TurboGS", log=log, control=control,
+                          controls="save screenshots into the model folder")
     server.model = loaded
     bounds = server.set_scene_bounds(splats.centers)
     server.set_splats(splats)
@@ -45,6 +48,8 @@ def serve_model(
     with gui.add_folder("Model"):
         gui.add_markdown(model_summary(loaded, bounds))
         server.add_screenshot_button(loaded.folder)
+        if server.control_note():
+            gui.add_markdown(server.control_note())
     server.renderer = maybe_add_server_rendering(server, lambda: (loaded.params, loaded.sh_degree))
     log(f"viewer: {loaded.num_gaussians:,} Gaussians from {loaded.ply_path}")
     if block:

@@ -4,11 +4,17 @@ Security: by default the server listens on 127.0.0.1 only. Listening on every in
 (0.0.0.0) exposes the model to the network, so it is allowed but announced. viser's HTTP
 side serves only its own bundled web client; the model reaches the browser through the
 websocket and nothing on disk is served.
+
+Off loopback the viewer is read-only unless started with `control=True` (--viewer-control):
+the controls that act on this machine (pause/resume/stop training, saving screenshots)
+are shown disabled and, since any client can send viser a click for any button (viser
+does not enforce `disabled`), their handlers refuse on the server side too (`guarded`).
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import threading
 import time
@@ -53,6 +59,26 @@ def _can_bind(host: str, port: int) -> bool:
     return True
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` reaches this machine only: every address it resolves to is loopback
+    (127.0.0.0/8, ::1). 0.0.0.0 and :: (every interface) are not."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return False
+    addresses = {info[4][0].split("%", 1)[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def exposure_warning(host: str, control: bool, controls: str) -> str:
+    """The startup line of a viewer that listens beyond this machine: who can see, who can act."""
+    seen = f"viewer: WARNING: listening on {host} makes the model visible to every machine that can reach this one"
+    if control:
+        return f"{seen}, and --viewer-control lets any of them {controls}; use --host 127.0.0.1 to keep it local"
+    return (f"{seen}; it is read-only there: no browser can {controls} (--viewer-control allows that); "
+            "use --host 127.0.0.1 to keep it local")
+
+
 def find_free_port(host: str, port: int, attempts: int = PORT_ATTEMPTS) -> int:
     """The first port from `port` on that can be bound, or a one-line error."""
     if not 0 < port < 65536:
@@ -91,14 +117,17 @@ def camera_spacing(centers: np.ndarray, fallback: float = 1.0) -> float:
 class ViewerServer:
     """A viser server that shows one set of Gaussians and its training cameras."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8080, *, title: str = "TurboGS", log: Log = print):
+    def __init__(self, host: str = "127.0.0.1", port: int = 8080, *, title: str = "TurboGS", log: Log = print,
+                 control: bool = False, controls: str = "use its controls"):
+        """control: let browsers off loopback use the controls (--viewer-control); on loopback
+        they always can. controls: what those controls do, for the startup line."""
         self.log = log
         self.host = host
-        if host not in LOOPBACK_HOSTS:
-            log(
-                f"viewer: WARNING: listening on {host} makes the model visible to every machine "
-                "that can reach this one; use --host 127.0.0.1 to keep it local"
-            )
+        local = is_loopback(host)
+        self.control_allowed = local or control
+        self._refusals_logged: set = set()
+        if not local:
+            log(exposure_warning(host, control, controls))
         free = find_free_port(host, port)
         self.viser = viser.ViserServer(host=host, port=free, label=title, verbose=False)
         self.port = self.viser.get_port()  # viser itself moves on if it lost a race for `free`
@@ -124,6 +153,32 @@ class ViewerServer:
         self.viser.on_client_connect(self._on_connect)
         self.viser.on_client_disconnect(self._on_disconnect)
         self._closed = False
+
+    def guarded(self, action: str, handler: Callable[[viser.GuiEvent], None]) -> Callable[[viser.GuiEvent], None]:
+        """A click handler that runs `handler` only when this viewer allows control. Disabling
+        a button is not enough: a client can send the click for any button's id."""
+
+        def handle(event: viser.GuiEvent) -> None:
+            if self.control_allowed:
+                handler(event)
+                return
+            client_id = getattr(event, "client_id", None)
+            if client_id not in self._refusals_logged:  # once per browser: a flood stays one line
+                self._refusals_logged.add(client_id)
+                self.log(f"viewer: refused a request to {action} from browser {client_id}: this viewer is "
+                         f"read-only on {self.host} (start it with --viewer-control to allow that)")
+            if event.client is not None:
+                event.client.add_notification("Read-only viewer", f"This viewer cannot {action}: it was started "
+                                              "without --viewer-control.", auto_close_seconds=6.0, color="red")
+
+        return handle
+
+    def control_note(self) -> Optional[str]:
+        """The line a read-only viewer shows above its disabled controls; None when they work."""
+        if self.control_allowed:
+            return None
+        return (f"*Read-only:* this viewer listens on {self.host}, so its controls are off "
+                "(start with `--viewer-control` to allow them).")
 
     def _refuse_share_url(self, *args, **kwargs) -> None:
         self.log("viewer: refused a request to publish the viewer through a public share link")
@@ -267,10 +322,9 @@ class ViewerServer:
 
     def add_screenshot_button(self, folder: Path) -> viser.GuiButtonHandle:
         """A "Save screenshot" button that saves the clicking browser's view into `folder`."""
-        button = self.viser.gui.add_button("Save screenshot", icon=viser.Icon.CAMERA)
+        button = self.viser.gui.add_button("Save screenshot", icon=viser.Icon.CAMERA, disabled=not self.control_allowed)
 
-        @button.on_click
-        def _(event: viser.GuiEvent) -> None:
+        def save(event: viser.GuiEvent) -> None:
             client = event.client
             if client is None:
                 return
@@ -283,6 +337,7 @@ class ViewerServer:
             self.log(f"viewer: saved {path}")
             client.add_notification("Screenshot saved", str(path), auto_close_seconds=5.0)
 
+        button.on_click(self.guarded("save a screenshot", save))
         return button
 
     # --- lifetime -------------------------------------------------------------------
