@@ -195,12 +195,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
     gaussians, step = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=True)
+    # a model file (an export: x.spz) is judged with the cfg_args beside it; results go to x.spz_eval/
+    scene = scene_for_model(model_dir if model_dir.is_dir() else model_dir.parent, args.source, eval_split=True)
     if not scene.test:
         raise TurboGSError(f"{model_dir}: the capture has no test views (train with --eval)")
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
     started = time.perf_counter()
     evaluation = evaluate_views(gaussians, scene.test, background)
+    if not model_dir.is_dir():
+        model_dir = model_dir.parent / f"{model_dir.name}_eval"
+        model_dir.mkdir(exist_ok=True)
     results = write_evaluation(model_dir, step or 0, evaluation, {"num_gaussians": len(gaussians)},
                                save_images=not args.no_images)
     print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: PSNR {results['psnr']:.2f} dB, "
