@@ -317,3 +317,67 @@ def test_ply_reader_is_untouched_by_the_new_formats(tmp_path):
     params = random_params(n=10, degree=2)
     write_ply(tmp_path / "m.ply", params)
     assert np.array_equal(read_gaussians(tmp_path / "m.ply")[0]["means"], read_ply(tmp_path / "m.ply")[0]["means"])
+
+
+# --- fuzzed readers: a damaged .spz/.sog loads or raises InputError, never anything else ------
+
+
+def mutate(data: bytes, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    data = bytearray(data)
+    kind = seed % 4
+    if kind == 0 and data:  # flip a few bytes
+        for i in rng.integers(0, len(data), 1 + seed % 5):
+            data[i] ^= int(rng.integers(1, 256))
+    elif kind == 1:  # truncate
+        data = data[: int(rng.integers(0, max(len(data), 1)))]
+    elif kind == 2:  # insert junk
+        i = int(rng.integers(0, len(data) + 1))
+        data[i:i] = rng.integers(0, 256, 1 + seed % 9).astype(np.uint8).tobytes()
+    else:  # overwrite a 4-byte field with an extreme number
+        if len(data) >= 4:
+            i = int(rng.integers(0, len(data) - 3))
+            data[i:i + 4] = struct.pack("<I", [0, 0xFFFFFFFF, 0x7FFFFFFF, 1 << 24][seed % 3])
+    return bytes(data)
+
+
+def load_or_input_error(reader, path):
+    try:
+        reader(path)
+    except InputError:
+        pass
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_fuzzed_spz_loads_or_says_why(tmp_path, seed):
+    body = gzip.decompress(spz.encode(random_params(n=30, degree=2)))
+    damaged = gzip.compress(mutate(body, seed)) if seed % 2 else mutate(gzip.compress(body), seed)
+    (tmp_path / "f.spz").write_bytes(damaged)
+    load_or_input_error(spz.read_spz, tmp_path / "f.spz")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_fuzzed_sog_loads_or_says_why(tmp_path, seed):
+    files = sog.encode(random_params(n=40, degree=1))
+    if seed % 3 == 0:  # damage the whole archive
+        sog.write_sog(tmp_path / "ok.sog", random_params(n=40, degree=1))
+        (tmp_path / "f.sog").write_bytes(mutate((tmp_path / "ok.sog").read_bytes(), seed))
+    else:  # damage one entry (meta.json or a texture) inside a sound archive
+        names = sorted(files)
+        name = names[seed % len(names)]
+        files[name] = mutate(files[name], seed)
+        with zipfile.ZipFile(tmp_path / "f.sog", "w") as archive:
+            for key, value in files.items():
+                archive.writestr(key, value)
+    load_or_input_error(sog.read_sog, tmp_path / "f.sog")
+
+
+def test_viewer_opens_an_exported_spz_and_sog_with_the_model_cameras(tmp_path, capsys):
+    from turbogs.viewer.model_files import load_model as viewer_load
+
+    model, params = small_model(tmp_path / "model")
+    for fmt in ("spz", "sog"):
+        assert run_cli(capsys, "export", model, "-o", model / f"m.{fmt}")[0] == 0
+        loaded = viewer_load(model / f"m.{fmt}")
+        assert loaded.num_gaussians == len(params["means"]) and loaded.sh_degree == 1
+        assert len(loaded.cameras) == 6  # cameras.json beside the export

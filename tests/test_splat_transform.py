@@ -21,7 +21,7 @@ import pytest
 
 from test_exports import assert_within_sog_error, assert_within_spz_error, random_params, sigmoid, unit
 from conftest import REPO
-from turbogs.formats import sog, spz
+from turbogs.formats import sog, spz, write_gaussians
 from turbogs.ply import read_ply, write_ply
 
 CLI = REPO / "tests" / ".node" / "node_modules" / ".bin" / "splat-transform"
@@ -63,24 +63,27 @@ def model(tmp_path_factory):
     return folder, params
 
 
+def read_through_splat_transform(folder, params, fmt):
+    """Export `params` as `fmt` with our writer; splat-transform summarises it (count, SH bands
+    must match the model) and converts it to .ply, which we read back: its decoded values."""
+    ours = folder / f"ours.{fmt}"
+    write_gaussians(ours, fmt, params)
+    assert summary(ours) == (N, 3)
+    run("-w", ours, folder / f"ours_{fmt}.ply")
+    theirs, degree = read_ply(folder / f"ours_{fmt}.ply")
+    assert degree == 3
+    return theirs
+
+
 def test_splat_transform_reads_our_spz(model):
     folder, params = model
-    spz.write_spz(folder / "ours.spz", params)
-    assert summary(folder / "ours.spz") == (N, 3)
-    run("-w", folder / "ours.spz", folder / "ours_spz.ply")
-    theirs, degree = read_ply(folder / "ours_spz.ply")
-    assert degree == 3
-    assert_within_spz_error(params, theirs)
+    assert_within_spz_error(params, read_through_splat_transform(folder, params, "spz"))
 
 
 def test_splat_transform_reads_our_sog(model):
     folder, params = model
-    sog.write_sog(folder / "ours.sog", params)
-    assert summary(folder / "ours.sog") == (N, 3)
-    run("-w", folder / "ours.sog", folder / "ours_sog.ply")
-    theirs, degree = read_ply(folder / "ours_sog.ply")
+    theirs = read_through_splat_transform(folder, params, "sog")
     ours, _ = sog.read_sog(folder / "ours.sog")
-    assert degree == 3
     with zipfile.ZipFile(folder / "ours.sog") as archive:
         meta = json.loads(archive.read("meta.json"))
     assert_within_sog_error(params, theirs, meta)

@@ -270,8 +270,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise TurboGSError(f"{out}: is a folder; -o takes a file name")
     if not out.parent.is_dir():
         raise TurboGSError(f"{out.parent}: no such folder")
+    import torch
+
     params, sh_degree, _ = load_model(Path(args.model))
-    write_gaussians(out, fmt, params)
+    write_gaussians(out, fmt, params, device="cuda" if torch.cuda.is_available() else "cpu")  # .sog's k-means
     print(f"wrote {out} ({len(params['means'])} Gaussians, {fmt}, {out.stat().st_size} bytes"
           f"{', SH DC colors only' if fmt == 'splat' else f', SH degree {sh_degree}'})")
     return 0

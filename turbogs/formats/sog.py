@@ -93,10 +93,13 @@ def kmeans(points: np.ndarray, k: int, iterations: int = KMEANS_ITERATIONS, seed
     n = points.shape[0]
     if k >= n:
         return points.astype(np.float32), np.arange(n)
+    from tqdm import tqdm
+
     x = torch.as_tensor(points, dtype=torch.float32, device=device)
     generator = torch.Generator().manual_seed(seed)
     centroids = x[torch.randperm(n, generator=generator)[:k].to(device)].clone()
-    for _ in range(iterations):
+    # minutes for a million Gaussians on a CPU (N x k distances a pass): show it
+    for _ in tqdm(range(iterations), desc=f"SH k-means ({k} of {n})", unit="pass", disable=n < 100_000, leave=False):
         labels = _nearest(x, centroids)
         sums = torch.zeros_like(centroids).index_add_(0, labels, x)
         counts = torch.bincount(labels, minlength=k).to(x.dtype)[:, None]
