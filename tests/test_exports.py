@@ -381,3 +381,18 @@ def test_viewer_opens_an_exported_spz_and_sog_with_the_model_cameras(tmp_path, c
         loaded = viewer_load(model / f"m.{fmt}")
         assert loaded.num_gaussians == len(params["means"]) and loaded.sh_degree == 1
         assert len(loaded.cameras) == 6  # cameras.json beside the export
+
+
+def test_eval_scores_an_exported_spz_against_its_capture(tmp_path, capsys):
+    """`turbogs eval x.spz` finds the capture through the cfg_args beside the export."""
+    from test_cli import DEMO
+
+    model, _ = small_model(tmp_path / "model")
+    (model / "cfg_args").write_text(f"Namespace(sh_degree=1, source_path={str(DEMO)!r}, images='images', "
+                                    "resolution=-1, white_background=False, eval=True)")
+    assert run_cli(capsys, "export", model, "-o", model / "m.spz")[0] == 0
+    code, out, err = run_cli(capsys, "eval", model / "m.spz", "--no-images")
+    assert code == 0, err
+    results = json.loads((model / "m.spz_eval" / "results.json").read_text())
+    assert results["num_gaussians"] == 400 and math.isfinite(results["psnr"])
+    assert not (model / "results.json").exists()  # the model folder's own results are left alone

@@ -99,7 +99,7 @@ def kmeans(points: np.ndarray, k: int, iterations: int = KMEANS_ITERATIONS, seed
     generator = torch.Generator().manual_seed(seed)
     centroids = x[torch.randperm(n, generator=generator)[:k].to(device)].clone()
     # minutes for a million Gaussians on a CPU (N x k distances a pass): show it
-    for _ in tqdm(range(iterations), desc=f"SH k-means ({k} of {n})", unit="pass", disable=n < 100_000, leave=False):
+    for _ in tqdm(range(iterations), desc=f"SH k-means ({k} of {n})", unit="pass", disable=n < 10_000, leave=False):
         labels = _nearest(x, centroids)
         sums = torch.zeros_like(centroids).index_add_(0, labels, x)
         counts = torch.bincount(labels, minlength=k).to(x.dtype)[:, None]
