@@ -257,7 +257,8 @@ def empty_model(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["unknown format", "extension disagrees", "unknown extension", "no gaussians",
-                                  "interpolate one camera", "video not mp4", "path without output"])
+                                  "interpolate one camera", "video not mp4", "path without output",
+                                  "video without path"])
 def test_bad_input_gets_one_line_and_exit_2(tmp_path, capsys, case):
     model, _ = small_model(tmp_path / "model", cameras=1 if case == "interpolate one camera" else 4)
     empty = empty_model(tmp_path)
@@ -269,6 +270,7 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path, capsys, case):
         "interpolate one camera": ["render", model, "--path", "interpolate", "--video", tmp_path / "v.mp4"],
         "video not mp4": ["render", model, "--path", "orbit", "--video", tmp_path / "v.avi"],
         "path without output": ["render", model, "--path", "orbit"],
+        "video without path": ["render", model, "--video", tmp_path / "v.mp4"],
     }[case]
     code, _, err = run_cli(capsys, *args)
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err

@@ -223,6 +223,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if args.path:
         return render_camera_path(args, model_dir, device)
+    if args.video or args.frames_dir:
+        raise TurboGSError("--video and --frames-dir render a camera path: add --path orbit|spiral|interpolate")
     gaussians, step = load_gaussians(model_dir, device)
     scene = scene_for_model(model_dir, args.source, eval_split=args.split != "all")
     cameras = {"train": scene.train, "test": scene.test, "all": scene.train}[args.split]
@@ -362,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("render", help="render a model's views to PNG files")
+    p = sub.add_parser("render", help="render a model's views to PNG files, or a fly-through video (--path)")
     p.add_argument("model", help="model folder written by `turbogs train`")
     p.add_argument("--split", choices=["test", "train", "all"], default="test", help="which views (default: test)")
     p.add_argument("--source", help="capture folder (default: the one named in the model's cfg_args)")
@@ -373,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", metavar="FILE.mp4", help="with --path: the MP4 to write")
     p.add_argument("--frames", type=positive_int, default=120, help="with --path: number of frames (default 120)")
     p.add_argument("--fps", type=positive_float, default=30.0, help="with --path: frames per second (default 30)")
-    p.add_argument("--width", type=positive_int, help="with --path: frame width in px (default: the training views')")
+    p.add_argument("--width", type=positive_int, help="with --path: frame width in px, rounded to even (default: the training views')")
     p.add_argument("--frames-dir", metavar="DIR", help="with --path: also write the frames as PNGs here")
     add_device(p)
     p.set_defaults(func=cmd_render)
