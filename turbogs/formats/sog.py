@@ -46,7 +46,7 @@ KMEANS_ITERATIONS = 10
 # Largest error of the fixed-step planes (codebook planes: half the gap between neighbouring entries).
 MAX_ERROR = {
     "alpha": 1.0 / 255,  # sigmoid(opacity); 0.5/255 from rounding, up to 1/255 at the alpha >= 1 floor
-    "quat": 0.5 / 255 * 2 * 2**-0.5 * 2,  # per component of the unit quaternion (largest derived: twice)
+    "quat": 3 * 0.5 / 255 * 2 * 2**-0.5,  # per component of the unit quaternion, as in spz.MAX_ERROR
 }
 
 

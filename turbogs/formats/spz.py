@@ -54,7 +54,9 @@ MAX_ERROR = {
     "scales": 0.5 / 16,  # log scale
     "alpha": 0.5 / 255,  # sigmoid(opacity)
     "sh0": 0.5 / (COLOR_SCALE * 255),
-    "quat": 0.5 / 511 * 2**-0.5 * 2,  # per component of the unit quaternion (w derived: twice)
+    # per component of the unit quaternion: half a 9-bit step of the three stored ones; the derived
+    # largest one moves by sum(q_i dq_i) / q_max, at most 3x that (all four components 1/2)
+    "quat": 3 * 0.5 / 511 * 2**-0.5,
     "sh1": (2 ** (8 - SH1_BITS - 1) + 0.5) / 128,
     "sh_rest": (2 ** (8 - SH_REST_BITS - 1) + 0.5) / 128,
 }
