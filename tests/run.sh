@@ -13,4 +13,11 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "chromium is missing: run 'sudo apt-get install chromium' for the browser tests" >&2
   fi
 fi
+# PlayCanvas's splat-transform (npm, pinned: 2.7.1 is the newest that runs on Node 18-20) reads and
+# writes .spz/.sog in tests/test_splat_transform.py; installed into the git-ignored tests/.node/.
+SPLAT_TRANSFORM_VERSION=2.7.1
+if ! grep -qs "\"version\": \"$SPLAT_TRANSFORM_VERSION\"" tests/.node/node_modules/@playcanvas/splat-transform/package.json; then
+  npm install --prefix tests/.node --no-audit --no-fund --loglevel=error "@playcanvas/splat-transform@$SPLAT_TRANSFORM_VERSION"
+fi
+export TURBOGS_REQUIRE_SPLAT_TRANSFORM=1
 exec python -m pytest -q "$@"

@@ -195,12 +195,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
     gaussians, step = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=True)
+    # a model file (an export: x.spz) is judged with the cfg_args beside it; results go to x.spz_eval/
+    scene = scene_for_model(model_dir if model_dir.is_dir() else model_dir.parent, args.source, eval_split=True)
     if not scene.test:
         raise TurboGSError(f"{model_dir}: the capture has no test views (train with --eval)")
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
     started = time.perf_counter()
     evaluation = evaluate_views(gaussians, scene.test, background)
+    if not model_dir.is_dir():
+        model_dir = model_dir.parent / f"{model_dir.name}_eval"
+        model_dir.mkdir(exist_ok=True)
     results = write_evaluation(model_dir, step or 0, evaluation, {"num_gaussians": len(gaussians)},
                                save_images=not args.no_images)
     print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: PSNR {results['psnr']:.2f} dB, "
@@ -217,6 +221,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
+    if args.path:
+        return render_camera_path(args, model_dir, device)
+    if args.video or args.frames_dir:
+        raise TurboGSError("--video and --frames-dir render a camera path: add --path orbit|spiral|interpolate")
     gaussians, step = load_gaussians(model_dir, device)
     scene = scene_for_model(model_dir, args.source, eval_split=args.split != "all")
     cameras = {"train": scene.train, "test": scene.test, "all": scene.train}[args.split]
@@ -229,19 +237,47 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from turbogs.model import load_model
-    from turbogs.ply import write_ply, write_splat
+def render_camera_path(args: argparse.Namespace, model_dir: Path, device) -> int:
+    """`render --path`: a fly-through video (and/or PNG frames) along a camera path."""
+    import torch
 
-    params, sh_degree, _ = load_model(Path(args.model))
+    from turbogs.video import path_cameras, render_path
+
+    if not args.video and not args.frames_dir:
+        raise TurboGSError("--path needs --video FILE.mp4 and/or --frames-dir DIR")
+    if args.video and Path(args.video).suffix.lower() != ".mp4":
+        raise TurboGSError(f"--video {args.video}: the video is written as MP4; name it .mp4")
+    gaussians, _ = load_gaussians(model_dir, device)
+    scene = scene_for_model(model_dir, args.source, eval_split=False) if args.source else None
+    cameras = path_cameras(model_dir, args.path, args.frames, args.width, scene)
+    background = torch.ones(3, device=device) if scene is not None and scene.white_background else torch.zeros(3, device=device)
+    render_path(gaussians, cameras, background, Path(args.video) if args.video else None, args.fps,
+                Path(args.frames_dir) if args.frames_dir else None)
+    print(f"rendered {len(cameras)} frames ({cameras[0].width}x{cameras[0].height}, {args.path} path) to "
+          + " and ".join(str(p) for p in (args.video, args.frames_dir) if p))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from turbogs.formats import FORMATS, format_of, write_gaussians
+    from turbogs.model import load_model
+
     out = Path(args.output)
+    fmt = args.format or format_of(out)
+    if fmt not in FORMATS:
+        raise TurboGSError(f"unknown format '{fmt or out.suffix}' (choose --format from {', '.join(FORMATS)})")
+    if format_of(out) != fmt:
+        raise TurboGSError(f"-o {out}: the extension does not match --format {fmt}; name it *.{fmt}")
     if out.is_dir():
         raise TurboGSError(f"{out}: is a folder; -o takes a file name")
     if not out.parent.is_dir():
         raise TurboGSError(f"{out.parent}: no such folder")
-    (write_ply if args.format == "ply" else write_splat)(out, params)
-    print(f"wrote {out} ({len(params['means'])} Gaussians, {args.format}"
-          f"{f', SH degree {sh_degree}' if args.format == 'ply' else ', SH DC colors only'})")
+    import torch
+
+    params, sh_degree, _ = load_model(Path(args.model))
+    write_gaussians(out, fmt, params, device="cuda" if torch.cuda.is_available() else "cpu")  # .sog's k-means
+    print(f"wrote {out} ({len(params['means'])} Gaussians, {fmt}, {out.stat().st_size} bytes"
+          f"{', SH DC colors only' if fmt == 'splat' else f', SH degree {sh_degree}'})")
     return 0
 
 
@@ -331,17 +367,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_device(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("render", help="render a model's views to PNG files")
+    p = sub.add_parser("render", help="render a model's views to PNG files, or a fly-through video (--path)")
     p.add_argument("model", help="model folder written by `turbogs train`")
     p.add_argument("--split", choices=["test", "train", "all"], default="test", help="which views (default: test)")
     p.add_argument("--source", help="capture folder (default: the one named in the model's cfg_args)")
     p.add_argument("--out", "-o", help="folder for the PNGs (default: MODEL/<split>/ours_N/renders)")
+    p.add_argument("--path", choices=["orbit", "spiral", "interpolate"],
+                   help="render a fly-through instead of the views: orbit the cameras' focus, LLFF's spiral, "
+                        "or interpolate through the training cameras")
+    p.add_argument("--video", metavar="FILE.mp4", help="with --path: the MP4 to write")
+    p.add_argument("--frames", type=positive_int, default=120, help="with --path: number of frames (default 120)")
+    p.add_argument("--fps", type=positive_float, default=30.0, help="with --path: frames per second (default 30)")
+    p.add_argument("--width", type=positive_int, help="with --path: frame width in px, rounded to even (default: the training views')")
+    p.add_argument("--frames-dir", metavar="DIR", help="with --path: also write the frames as PNGs here")
     add_device(p)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("export", help="export a model as .ply (INRIA) or .splat (web viewers)")
-    p.add_argument("model", help="model folder, or a .ply file")
-    p.add_argument("--format", choices=["ply", "splat"], default="ply", help="output format (default: ply)")
+    p = sub.add_parser("export", help="export a model as .ply (INRIA), .splat, .spz (Niantic) or .sog (PlayCanvas)")
+    p.add_argument("model", help="model folder, or a .ply, .spz or .sog file")
+    p.add_argument("--format", help="ply, splat, spz or sog (default: the -o file's extension)")
     p.add_argument("--output", "-o", required=True, help="file to write")
     p.set_defaults(func=cmd_export)
 

@@ -25,7 +25,7 @@ import numpy as np
 from turbogs.atomic import atomic_write_json, atomic_write_text
 from turbogs.data.scene import Camera, Scene
 from turbogs.errors import InputError
-from turbogs.ply import read_ply, write_ply, write_points_ply
+from turbogs.ply import write_ply, write_points_ply
 
 
 def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool) -> None:
@@ -121,7 +121,11 @@ def find_model_ply(model: Path) -> Tuple[Path, Optional[int]]:
 
 
 def load_model(model: Path):
-    """(params, sh_degree, step) of a model folder or .ply."""
+    """(params, sh_degree, step) of a model folder or a .ply, .spz or .sog file."""
+    from turbogs.formats import read_gaussians
+
     path, step = find_model_ply(model)
-    params, sh_degree = read_ply(path)
+    params, sh_degree = read_gaussians(path)
+    if len(params["means"]) == 0:
+        raise InputError(f"{path}: the model has no Gaussians")
     return params, sh_degree, step

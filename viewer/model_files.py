@@ -19,8 +19,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from turbogs.errors import InputError, TurboGSError
+from turbogs.formats import READABLE_SUFFIXES, read_gaussians
 from turbogs.model import find_model_ply, read_cfg_args
-from turbogs.ply import read_ply
 
 from .cameras import ViewCamera, read_cameras_json
 
@@ -67,11 +67,11 @@ def _image_dirs(folder: Path) -> List[Path]:
 def load_model(model) -> LoadedModel:
     """Read the Gaussians and, when present, the training cameras (with thumbnails)."""
     model = Path(model)
-    if model.is_file() and model.suffix.lower() != ".ply":
-        raise InputError(f"{model}: expected a model folder or a .ply file")
+    if model.is_file() and model.suffix.lower() not in READABLE_SUFFIXES:
+        raise InputError(f"{model}: expected a model folder or a .ply, .spz or .sog file")
     ply_path, step = find_model_ply(model)
     folder = model.resolve() if model.is_dir() else _model_folder_of_ply(ply_path)
-    params, sh_degree = read_ply(ply_path)
+    params, sh_degree = read_gaussians(ply_path)
     cameras_json = folder / "cameras.json"
     cameras = read_cameras_json(cameras_json, _image_dirs(folder)) if cameras_json.is_file() else []
     return LoadedModel(folder=folder, ply_path=ply_path, step=step, params=params, sh_degree=sh_degree, cameras=cameras)

@@ -1,0 +1,53 @@
+"""What the compressed exports cost: file sizes, and PSNR on the capture's test views of the
+.spz and .sog models, against the ground truth and against the .ply model's own renders.
+
+    python benchmarks/export_quality.py MODEL_DIR OUT_DIR
+
+Exports MODEL_DIR to OUT_DIR/model.{ply,splat,spz,sog} with `turbogs export`, then renders the
+test views of the capture named in MODEL_DIR/cfg_args from each readable export.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from turbogs.cli import main, scene_for_model
+from turbogs.formats import read_gaussians
+from turbogs.gaussians import Gaussians
+from turbogs.metrics import psnr
+from turbogs.render import render
+
+
+def renders(path: Path, cameras):
+    params, degree = read_gaussians(path)
+    gaussians = Gaussians({k: torch.from_numpy(v) for k, v in params.items()}, degree, active_sh_degree=degree)
+    with torch.no_grad():
+        return [render(gaussians, c, background=torch.zeros(3)).image.clamp(0, 1) for c in cameras]
+
+
+def mean_psnr(images, targets) -> float:
+    return sum(float(psnr(a, b)) for a, b in zip(images, targets)) / len(images)
+
+
+def run(model_dir: Path, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for fmt in ("ply", "splat", "spz", "sog"):
+        path = out_dir / f"model.{fmt}"
+        assert main(["export", str(model_dir), "-o", str(path)]) == 0
+        sizes[fmt] = path.stat().st_size
+    scene = scene_for_model(model_dir, None, eval_split=True)
+    truth = [c.image for c in scene.test]
+    reference = renders(out_dir / "model.ply", scene.test)
+    quality = {"ply": {"psnr_vs_ground_truth": mean_psnr(reference, truth)}}
+    for fmt in ("spz", "sog"):
+        images = renders(out_dir / f"model.{fmt}", scene.test)
+        quality[fmt] = {"psnr_vs_ground_truth": mean_psnr(images, truth), "psnr_vs_ply_render": mean_psnr(images, reference)}
+    return {"test_views": len(scene.test), "bytes": sizes, "quality": quality}
+
+
+if __name__ == "__main__":
+    result = run(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(json.dumps(result, indent=2))
