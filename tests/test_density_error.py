@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from turbogs import ops
+from turbogs import kernels as ops
 from turbogs.data.scene import Camera
 from turbogs.density.error_driven import (
     ErrorDensityConfig,
@@ -20,11 +20,11 @@ from turbogs.density.error_driven import (
     exposed_gaussians,
     make_probe,
     pixel_error,
-    sampled_pixels,
 )
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians, num_sh_bases
 from turbogs.render import render
+from turbogs.tiles import sampled_pixels
 from turbogs.turbo.losses import TileLoss
 
 SIZE = 32  # 2 x 2 tiles

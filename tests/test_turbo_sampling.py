@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from turbogs import ops
+from turbogs import kernels as ops
 from turbogs.errors import TurboGSError
 from turbogs.turbo.sampling import ErrorMemory, SamplerConfig, TileSampler
 

@@ -648,7 +648,8 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     costliest ops of a few full and quarter steps goes to profile.txt.
     """
     from turbogs.render import render
-    from turbogs.turbo.losses import TileLoss, tile_grid_shape
+    from turbogs.tiles import tile_grid
+    from turbogs.turbo.losses import TileLoss
 
     check_output_dir(settings.out_dir)
     scene = load_bench_scene(settings)
@@ -683,7 +684,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     for repeat in range(repeats + 1):  # the first round warms up and is not counted
         camera = scene.train[repeat % len(scene.train)]
         gt = camera.image.to(device)
-        rows, cols = tile_grid_shape(camera.height, camera.width)
+        rows, cols = tile_grid(camera.height, camera.width)
         total_tiles = rows * cols
         for fraction in STEP_COST_FRACTIONS:
             mask = random_tile_mask(rows, cols, fraction, generator)
@@ -710,7 +711,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     atomic_write_json(settings.out_dir / "step_cost.json", result)
     if profile:
         camera = scene.train[0]
-        rows, cols = tile_grid_shape(camera.height, camera.width)
+        rows, cols = tile_grid(camera.height, camera.width)
         masks = {f: random_tile_mask(rows, cols, f, generator) for f in (1.0, 0.25)}
         write_profile(settings.out_dir / "profile.txt", lambda f: one_step(camera, camera.image.to(device), masks[f]),
                       device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px")

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
-from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error, sampled_pixels
+from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error
 from turbogs.density.vanilla import VanillaDensity
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
@@ -35,6 +35,7 @@ from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
+from turbogs.tiles import sampled_pixels
 from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up

@@ -64,7 +64,7 @@ from torch import Tensor
 from turbogs.density import rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.render import TILE_SIZE, tile_grid
+from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -76,20 +76,6 @@ def make_probe(n: int, device=None, dtype=torch.float32) -> Tensor:
     """The zero [N, 2] leaf to render as `extra_features`; after backward its `.grad` holds
     (blame, coverage) per Gaussian. Zero, so that the blame term changes no other gradient."""
     return torch.zeros(n, PROBE_CHANNELS, device=device, dtype=dtype, requires_grad=True)
-
-
-def sampled_pixels(tile_mask: Optional[Tensor], width: int, height: int, device=None,
-                   tile_size: int = TILE_SIZE) -> Tensor:
-    """[H, W] bool: True at the pixels of the sampled tiles (everywhere when tile_mask is None)."""
-    if tile_mask is None:
-        return torch.ones(height, width, dtype=torch.bool, device=device)
-    tile_width, tile_height = tile_grid(width, height, tile_size)
-    if tuple(tile_mask.shape) != (tile_height, tile_width):
-        raise ValueError(f"tile_mask has shape {tuple(tile_mask.shape)}, expected {(tile_height, tile_width)} "
-                         f"for a {width}x{height} image")
-    tile_mask = tile_mask.to(device=device, dtype=torch.bool)
-    full = tile_mask.repeat_interleave(tile_size, dim=0).repeat_interleave(tile_size, dim=1)
-    return full[:height, :width]
 
 
 @torch.no_grad()
@@ -135,7 +121,7 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
     """[N] bool: visible Gaussians whose screen box (center +- radius, the renderer's tile
     rule) overlaps at least one sampled tile, i.e. that were given a chance to contribute.
     One summed-area table of the tile mask answers every box in O(1)."""
-    tile_width, tile_height = tile_grid(width, height, tile_size)
+    tile_height, tile_width = tile_grid(height, width, tile_size)
     device = means2d.device
     if tile_mask is None:
         tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
