@@ -6,69 +6,17 @@ Every user-facing problem is a TurboGSError: printed as one line on stderr, exit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
+from turbogs.cliargs import (  # noqa: F401 (the argument types are part of this module's interface)
+    add_device, pick_device, port_arg, positive_float, positive_int, resolution_arg, run_command,
+)
 from turbogs.errors import TurboGSError
 
 DEFAULT_PORT = 8080
-
-
-# --- argument types -----------------------------------------------------------------
-
-
-def resolution_arg(text: str) -> int:
-    """1, 2, 4 or 8 (a downscale factor, as INRIA's -r), or a target width of 16 px or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if value in (1, 2, 4, 8) or value >= 16:
-        return value
-    raise argparse.ArgumentTypeError(f"{value} is neither a downscale factor (1, 2, 4, 8) nor a width (16 px or more)")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
-    return value
-
-
-def port_arg(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
-    return value
-
-
-def pick_device(name: str, threads: int = 1):
-    """The torch device for --device, and the CPU thread count: on CPU this workload is many
-    small ops, which run several times faster on one thread than fighting over two."""
-    import torch
-
-    torch.set_num_threads(threads)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TurboGSError("--device cuda: no CUDA GPU is visible to torch (is this a CPU build of torch?)")
-    return torch.device(name)
 
 
 # --- commands -----------------------------------------------------------------------
@@ -255,13 +203,6 @@ def cmd_view(args: argparse.Namespace) -> int:
 # --- parser -------------------------------------------------------------------------
 
 
-def add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
-
-
 def add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 exposes it to the network)")
@@ -347,25 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_server(p)
     p.set_defaults(func=cmd_view)
 
-    from turbogs.bench import add_bench_parser
+    from turbogs.bench.command import add_bench_parser
 
     add_bench_parser(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)  # argparse itself exits 2 with one line on a bad flag
-    args.argv = argv  # the command as typed, for the records benchmarks keep
-    try:
-        return args.func(args)
-    except TurboGSError as exc:
-        print(f"turbogs {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"turbogs {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(build_parser(), list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
