@@ -246,13 +246,18 @@ def test_ablation_presets_switch_one_part_off():
     """"turbo+PART" is turbo with exactly one field changed, the same change as the train flag."""
     from turbogs.config import get_preset
 
+    from dataclasses import asdict
+
+    from turbogs.density.vanilla import VanillaDensityConfig
+    from turbogs.optimizers import AdamConfig
+
     turbo = get_preset("turbo").to_dict()
     changed = {
         "turbo+no-sparse": {("sampler", "fraction_start"): 1.0, ("sampler", "fraction_end"): 1.0},
         "turbo+no-ncc": {("tile_loss", "lambda_ncc"): 0.0},
-        "turbo+density-3dgs": {("density_strategy",): "3dgs"},
-        "turbo+optimizer-adam": {("optimizer",): "adam"},
-        "turbo+optimizer-hybrid": {("optimizer",): "hybrid"},
+        "turbo+density-3dgs": {("density",): {"kind": "3dgs", **asdict(VanillaDensityConfig())}},
+        "turbo+optimizer-adam": {("optimizer",): {"kind": "adam", **asdict(AdamConfig())}},
+        "turbo+optimizer-hybrid": {("optimizer",): turbo["optimizer"]},  # turbo's already
     }
     for name, fields in changed.items():
         variant = get_preset(name).to_dict()

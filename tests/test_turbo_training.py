@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from test_cli import DEMO, small_demo
-from turbogs.config import get_preset
+from turbogs.config import OPTIMIZER_CONFIGS, get_preset
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
 from turbogs.train import RunOptions, Trainer
@@ -62,8 +62,8 @@ def test_turbo_checkpoint_restores_error_memory_and_sampler(scene, tmp_path):
 @pytest.mark.parametrize("optimizer", ["adam", "hybrid"])
 def test_optimizers_run_in_the_loop_and_survive_densification(scene, tmp_path, optimizer):
     cfg = get_preset("turbo").for_run(steps=60)
-    cfg.optimizer = optimizer
-    cfg.error_density.densify_every = 10
+    cfg.optimizer = OPTIMIZER_CONFIGS[optimizer]()
+    cfg.density.densify_every = 10
     trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
     start = len(trainer.gaussians)
     while trainer.progress() < 1.0:
@@ -80,8 +80,8 @@ def test_turbo_preset_has_all_four_parts_on():
     cfg = get_preset("turbo")
     assert cfg.error_guided and cfg.sampler.fraction_end < 1.0  # sparse tiles
     assert cfg.tile_loss.lambda_ncc > 0  # the NCC structure loss
-    assert cfg.density_strategy == "error"
-    assert cfg.optimizer == "hybrid" and cfg.hybrid.curvature_on == ("means",)
+    assert cfg.density.name == "error"
+    assert cfg.optimizer.name == "hybrid" and cfg.optimizer.curvature_on == ("means",)
 
 
 def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, tmp_path):
@@ -89,7 +89,7 @@ def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, t
     rendered: folding an unseen Gaussian's zero estimate in would shrink its curvature and
     lengthen its Newton steps (it cost 1.3 dB on test_colmap)."""
     cfg = get_preset("turbo").for_run(steps=30)
-    cfg.hybrid.hessian_every = 1
+    cfg.optimizer.hessian_every = 1
     trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
     means = trainer.optimizers["means"]
     folds = []

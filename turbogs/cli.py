@@ -91,7 +91,6 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
         ABLATIONS[f"optimizer-{args.optimizer}"](cfg)
     if args.max_gaussians is not None:
         cfg.density.max_gaussians = args.max_gaussians
-        cfg.error_density.max_gaussians = args.max_gaussians
 
 
 def report(summary: dict, out_dir: Path) -> None:

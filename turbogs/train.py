@@ -25,17 +25,15 @@ from tqdm import tqdm
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
-from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error
-from turbogs.density.vanilla import VanillaDensity
+from turbogs.density.base import DensityStep
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.metrics import ssim
-from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
-from turbogs.tiles import sampled_pixels
+from turbogs.tiles import TILE_SIZE, sampled_pixels
 from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
@@ -78,20 +76,10 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
     """One optimizer per parameter, as INRIA's groups, so density control can edit each one's
-    rows: Adam, or the hybrid Hessian-informed/Adam optimizer (with INRIA's rates either way)."""
+    rows (the configured optimizer, with INRIA's rates)."""
     rates = {"means": cfg.lr.means * extent, "scales": cfg.lr.scales, "quats": cfg.lr.quats,
              "opacities": cfg.lr.opacities, "sh0": cfg.lr.sh0, "shN": cfg.lr.shN}
-    if cfg.optimizer == "adam":
-        return {name: torch.optim.Adam([gaussians.params[name]], lr=rates[name], eps=1e-15) for name in PARAM_NAMES}
-    if cfg.optimizer == "hybrid":
-        unknown = sorted(set(cfg.hybrid.curvature_on) - set(PARAM_NAMES))
-        if unknown:
-            raise TurboGSError(f"hybrid.curvature_on names unknown parameter(s) {', '.join(unknown)} "
-                               f"(choose from {', '.join(PARAM_NAMES)})")
-        return {name: HybridOptimizer([gaussians.params[name]],
-                                      **cfg.hybrid.optimizer_kwargs(rates[name], curved=name in cfg.hybrid.curvature_on))
-                for name in PARAM_NAMES}
-    raise TurboGSError(f"unknown optimizer '{cfg.optimizer}' (choose adam or hybrid)")
+    return cfg.optimizer.build({name: gaussians.params[name] for name in PARAM_NAMES}, rates)
 
 
 def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
@@ -99,14 +87,6 @@ def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
     t = min(max(progress, 0.0), 1.0)
     start, end = cfg.lr.means * extent, cfg.lr.means_final * extent
     return math.exp((1 - t) * math.log(start) + t * math.log(end))
-
-
-def make_density(cfg: TrainConfig):
-    if cfg.density_strategy == "3dgs":
-        return VanillaDensity(cfg.density)
-    if cfg.density_strategy == "error":
-        return ErrorDrivenDensity(cfg.error_density)
-    raise TurboGSError(f"unknown density strategy '{cfg.density_strategy}' (choose 3dgs or error)")
 
 
 def synchronize(device: torch.device) -> None:
@@ -164,17 +144,30 @@ class Pick:
 
 @dataclass
 class RunningStats:
-    """Smoothed figures for the progress bar."""
+    """Figures for the progress bar and the viewer: smoothed loss and PSNR, and what density
+    control did over the run (from the stats its after_backward returns)."""
 
     loss: float = 0.0
     psnr: float = 0.0
     skipped_steps: int = 0
+    grown: int = 0  # Gaussians cloned or split
+    pruned: int = 0
+    budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
 
-    def update(self, loss: float, psnr: float) -> None:
+    def update(self, loss: float, psnr: float, density: Optional[dict] = None) -> None:
         if self.loss == 0.0:
             self.loss, self.psnr = loss, psnr
         self.loss = 0.9 * self.loss + 0.1 * loss
         self.psnr = 0.9 * self.psnr + 0.1 * psnr
+        density = density or {}
+        self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
+        self.pruned += int(density.get("n_pruned", 0))
+        if density.get("budget") is not None:
+            self.budget = int(density["budget"])
+
+    def density_figures(self) -> dict:
+        figures = {"grown": self.grown, "pruned": self.pruned}
+        return figures if self.budget is None else {**figures, "budget": self.budget}
 
 
 # --- the run ----------------------------------------------------------------------
@@ -199,7 +192,10 @@ class Trainer:
         self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
-        self.density = make_density(cfg)
+        if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
+            raise TurboGSError(f"sampler and tile loss must use the renderer's {TILE_SIZE}-pixel tiles, got "
+                               f"{cfg.sampler.tile_size} and {cfg.tile_loss.tile_size}")
+        self.density = cfg.density.build()
         self.density_state = self.density.initial_state(len(self.gaussians), device=self.device)
         self.views = ViewOrder(len(scene.train), self.generator)
         if cfg.error_guided:
@@ -231,16 +227,18 @@ class Trainer:
         gt, mask = self.train_images[pick.view].to(self.device), self.train_masks[pick.view]
         mask = None if mask is None else mask.to(self.device)
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
-        probe = make_probe(len(self.gaussians), self.device) if self.wants_blame(progress) else None
+        features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
-        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=probe)
+        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
         if self.tile_loss is not None:
             loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
         else:
             loss, tile_errors = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim), None
-        if probe is not None:  # adds 0 to the loss; its gradient on the probe is each Gaussian's error blame
-            loss = loss + blame_term(out, pixel_error(out.image, gt, pick.tile_mask, mask), pick.tile_mask)
+        extra = self.density.extra_loss(out, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
+        if extra is not None:
+            loss = loss + extra
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
+        self.density.before_backward(self.density_state, out)
         loss.backward()
 
         if not self._finite(loss):
@@ -251,33 +249,19 @@ class Trainer:
             if self.memory is not None:
                 self.memory.update(pick.view, pick.tile_ids, tile_errors)
             # The optimizer steps before density control changes the rows that `out` describes.
-            visible = out.visible if self.cfg.hybrid.selective else None
-            for name, optimizer in self.optimizers.items():
-                if isinstance(optimizer, HybridOptimizer):
-                    optimizer.step(visible=visible)
-                    if curvature is not None and name in curvature:
-                        # Rendered rows only, even without selective steps: an unseen Gaussian's
-                        # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
-                        optimizer.update_hessian(curvature[name], visible=out.visible)
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            self.density.after_backward(self.density_state, self.step + 1, self.gaussians, self.optimizers, out,
-                                        camera.width, camera.height, self.extent,
-                                        blame=None if probe is None else probe.grad, progress=progress)
-            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask))
+            cfg.optimizer.step(self.optimizers, out.visible, curvature)
+            density_stats = self.density.after_backward(self.density_state, DensityStep(
+                self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
+                self.extent, features))
+            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
 
     def estimate_curvature(self, out, pick: Pick) -> Optional[Dict[str, torch.Tensor]]:
-        """Every `hessian_every` steps, a Gauss-Newton diagonal sample over the rendered pixels,
-        for the parameters that take curvature-informed steps."""
-        if self.cfg.optimizer != "hybrid" or self.step % self.cfg.hybrid.hessian_every:
+        """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
+        if not self.cfg.optimizer.wants_curvature(self.step):
             return None
         height, width = out.image.shape[:2]
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        rendered = out.image[inside]
-        scale = self.cfg.hybrid.loss_hessian_scale / max(rendered.numel(), 1)
-        curved = {name: self.gaussians.params[name] for name in self.cfg.hybrid.curvature_on}
-        return gauss_newton_diagonal_sample(rendered, curved, self.generator, loss_hessian_scale=scale)
+        return self.cfg.optimizer.estimate_curvature(out.image[inside], self.gaussians.params, self.generator)
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included."""
@@ -304,9 +288,6 @@ class Trainer:
             return Pick(self.views.next())
         sample = self.sampler.sample(progress)
         return Pick(sample.view, sample.tile_ids, sample.tile_mask)
-
-    def wants_blame(self, progress: float) -> bool:
-        return isinstance(self.density, ErrorDrivenDensity) and self.density.needs_blame(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
         if not torch.isfinite(loss):
@@ -391,7 +372,8 @@ class Trainer:
 
                 bar.update(1)
                 bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
-                                gaussians=len(self.gaussians), skipped=self.stats.skipped_steps, refresh=False)
+                                gaussians=len(self.gaussians), **self.stats.density_figures(),
+                                skipped=self.stats.skipped_steps, refresh=False)
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
@@ -425,7 +407,7 @@ class Trainer:
 
     def progress_stats(self) -> dict:
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
-                "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps}
+                "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
     def finish(self) -> dict:
         """Write the model (atomically), a final checkpoint, and evaluate."""
