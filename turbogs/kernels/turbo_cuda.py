@@ -17,7 +17,16 @@ import torch
 
 from turbogs.kernels import turbo_torch
 
-_BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "cuda" / "build.py"
+_PACKAGE = Path(__file__).resolve().parents[1]  # turbogs/
+
+
+def build_script() -> Path:
+    """cuda/build.py: shipped as package data (turbogs/cuda/) in an installed TurboGS, at the
+    top of the repository in a source checkout."""
+    for candidate in (_PACKAGE / "cuda" / "build.py", _PACKAGE.parent / "cuda" / "build.py"):
+        if candidate.is_file():
+            return candidate
+    return _PACKAGE / "cuda" / "build.py"
 
 
 @lru_cache(maxsize=None)
@@ -28,9 +37,10 @@ def _module():
         return _C
     except ImportError:
         pass
-    if not _BUILD_SCRIPT.is_file():
-        raise ImportError(f"turbogs._C is not installed and {_BUILD_SCRIPT} is missing")
-    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", _BUILD_SCRIPT)
+    script = build_script()
+    if not script.is_file():
+        raise ImportError(f"turbogs._C is not installed and {script} is missing")
+    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", script)
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     return build.load_jit()
