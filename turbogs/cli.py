@@ -105,44 +105,16 @@ def report(summary: dict, out_dir: Path) -> None:
     print(f"view it: turbogs view {out_dir}")
 
 
-def scene_for_model(model_dir: Path, source: Optional[str], eval_split: Optional[bool]):
-    """Reload the capture a model was trained on, from its cfg_args (or --source)."""
-    from turbogs.data.load import load_scene
-    from turbogs.model import read_cfg_args
-
-    cfg_path = model_dir / "cfg_args"
-    saved = read_cfg_args(cfg_path) if cfg_path.is_file() else {}
-    source = source or saved.get("source_path")
-    if not source:
-        raise TurboGSError(f"{model_dir}: no cfg_args names the training capture; pass --source SCENE")
-    resolution = saved.get("resolution", -1)
-    return load_scene(source, resolution=None if resolution in (-1, None) else int(resolution),
-                      images=saved.get("images", "images"),
-                      eval_split=bool(saved.get("eval", True)) if eval_split is None else eval_split,
-                      white_background=bool(saved.get("white_background", False)))
-
-
-def load_gaussians(model: Path, device):
-    import torch
-
-    from turbogs.gaussians import Gaussians
-    from turbogs.model import load_model
-
-    params, sh_degree, step = load_model(model)
-    tensors = {k: torch.from_numpy(v) for k, v in params.items()}
-    gaussians = Gaussians(tensors, sh_degree, active_sh_degree=sh_degree).to(device)
-    return gaussians, step
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import model
     from turbogs.evaluate import evaluate_views, write_evaluation
 
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
-    gaussians, step = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=True)
+    gaussians, step = model.load_gaussians(model_dir, device)
+    scene = model.scene_for_model(model_dir, args.source, eval_split=True)
     if not scene.test:
         raise TurboGSError(f"{model_dir}: the capture has no test views (train with --eval)")
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
@@ -159,13 +131,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import model
     from turbogs.evaluate import write_png
     from turbogs.render import render
 
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
-    gaussians, step = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=args.split != "all")
+    gaussians, step = model.load_gaussians(model_dir, device)
+    scene = model.scene_for_model(model_dir, args.source, eval_split=args.split != "all")
     cameras = {"train": scene.train, "test": scene.test, "all": scene.train}[args.split]
     out_dir = Path(args.out) if args.out else model_dir / args.split / f"ours_{step or 0}" / "renders"
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
