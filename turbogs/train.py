@@ -25,16 +25,17 @@ from tqdm import tqdm
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
+from turbogs.dense_loss import photometric_loss
 from turbogs.density.base import DensityStep
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-from turbogs.metrics import ssim
+from turbogs.metrics import sampled_psnr
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
 from turbogs.tiles import TILE_SIZE, sampled_pixels
-from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
+from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
 # torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
@@ -95,26 +96,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
-    """PSNR over the pixels this step rendered (the others are undefined)."""
-    height, width = image.shape[:2]
-    inside = sampled_pixels(tile_mask, width, height, image.device)
-    mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
-    return -10 * math.log10(max(float(mse), 1e-10))
-
-
-def photometric_loss(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor], lambda_ssim: float) -> torch.Tensor:
-    """(1 - l) * L1 + l * (1 - SSIM); masked-out pixels are excluded from both terms."""
-    if mask is not None:
-        m = mask[..., None]
-        l1 = ((image - gt).abs() * m).sum() / (m.sum() * 3).clamp_min(1)
-        image, gt = image * m, gt * m
-    else:
-        l1 = (image - gt).abs().mean()
-    return (1 - lambda_ssim) * l1 + lambda_ssim * (1 - ssim(image, gt))
-
-
 class ViewOrder:
     """INRIA's camera order: a fresh random permutation of the training views each epoch."""
 
@@ -131,15 +112,6 @@ class ViewOrder:
 
     def load_state_dict(self, state: dict) -> None:
         self.queue = list(state["queue"])
-
-
-@dataclass
-class Pick:
-    """What one step trains on: a view and, when sampling tiles, which of its tiles."""
-
-    view: int
-    tile_ids: Optional[torch.Tensor] = None  # [K] int64; None = the whole image
-    tile_mask: Optional[torch.Tensor] = None  # [TH, TW] bool
 
 
 @dataclass
@@ -179,7 +151,7 @@ class Trainer:
     def __init__(self, scene: Scene, cfg: TrainConfig, options: RunOptions):
         if not scene.train:
             raise TurboGSError(f"{scene.source_path}: no training views")
-        self.scene, self.cfg, self.opt = scene, cfg, options
+        self.scene, self.cfg, self.options = scene, cfg, options
         self.device = options.device
         self.log = options.log
         self.extent = scene.extent()
@@ -255,7 +227,7 @@ class Trainer:
                 self.extent, features))
             self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
 
-    def estimate_curvature(self, out, pick: Pick) -> Optional[Dict[str, torch.Tensor]]:
+    def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
@@ -283,11 +255,11 @@ class Trainer:
             degree = int(progress * self.cfg.steps) // self.cfg.sh_increase_every
         self.gaussians.active_sh_degree = min(degree, self.cfg.sh_degree)
 
-    def pick(self, progress: float) -> Pick:
+    def pick(self, progress: float) -> TileSample:
+        """What this step trains on: a view and, when sampling tiles, which of its tiles."""
         if self.sampler is None:
-            return Pick(self.views.next())
-        sample = self.sampler.sample(progress)
-        return Pick(sample.view, sample.tile_ids, sample.tile_mask)
+            return TileSample(self.views.next())
+        return self.sampler.sample(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
         if not torch.isfinite(loss):
@@ -301,12 +273,12 @@ class Trainer:
         self.stats.skipped_steps += 1
         self.bad_streak += 1
         if self.bad_streak >= MAX_BAD_STEPS:
-            if not checkpoint.list_checkpoints(self.opt.out_dir):
+            if not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
                 self.save_checkpoint()
             raise TurboGSError(
                 f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
-                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.opt.out_dir)}"
+                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.options.out_dir)}"
             )
 
     # --- checkpoints --------------------------------------------------------------
@@ -349,15 +321,15 @@ class Trainer:
         self.step = state["step"]
 
     def save_checkpoint(self) -> None:
-        checkpoint.save_checkpoint(self.opt.out_dir, self.step, self.state_dict())
+        checkpoint.save_checkpoint(self.options.out_dir, self.step, self.state_dict())
 
     # --- the loop -----------------------------------------------------------------
     def run(self) -> dict:
-        cfg, opt = self.cfg, self.opt
+        cfg = self.cfg
         last_checkpoint = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not opt.progress, dynamic_ncols=True,
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.options.progress, dynamic_ncols=True,
                    unit="step", desc="train")
-        viewer = opt.viewer
+        viewer = self.options.viewer
         try:
             while self.progress() < 1.0:
                 if viewer is not None:
@@ -394,7 +366,7 @@ class Trainer:
         self.save_checkpoint()
         return TurboGSError(
             f"out of {self.device.type} memory at step {self.step} with {len(self.gaussians)} Gaussians; "
-            f"saved a checkpoint in {checkpoint.checkpoint_dir(self.opt.out_dir)}. Continue with --resume plus "
+            f"saved a checkpoint in {checkpoint.checkpoint_dir(self.options.out_dir)}. Continue with --resume plus "
             "--data-device cpu (images stay in CPU memory) or --max-gaussians N (fewer than now), "
             "or start over with -r 2/4/8 (smaller images)"
         )
@@ -411,16 +383,16 @@ class Trainer:
 
     def finish(self) -> dict:
         """Write the model (atomically), a final checkpoint, and evaluate."""
-        opt = self.opt
-        out = Path(opt.out_dir)
+        options = self.options
+        out = Path(options.out_dir)
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
         summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                    "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps}
-        if opt.evaluate and self.scene.test:
+        if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
-            summary = write_evaluation(out, self.step, evaluation, summary, opt.save_test_images)
+            summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
         return summary
 
 

@@ -6,6 +6,14 @@ Every op below has two implementations with the same signature and semantics:
 
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device.
+
+    raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
+    projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
+    raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
+    turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
+    turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
+
+Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_size=TILE_SIZE.
 """
 
 from __future__ import annotations

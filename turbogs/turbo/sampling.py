@@ -184,12 +184,11 @@ class ErrorMemory:
 
 @dataclass
 class TileSample:
-    """What to render this step."""
+    """What to render this step: a view and, when sampling tiles, which of its tiles."""
 
     view: int  # index into the training views
-    tile_ids: Tensor  # [K] int64, ascending, unique: ids ty * TW + tx of the view's grid
-    tile_mask: Tensor  # [TH, TW] bool, True at tile_ids (for render(..., tile_mask=))
-    fraction: float  # the scheduled share of the view's tiles that K came from
+    tile_ids: Optional[Tensor] = None  # [K] int64, ascending, unique: ids ty * TW + tx; None = every tile
+    tile_mask: Optional[Tensor] = None  # [TH, TW] bool, True at tile_ids (for render(..., tile_mask=))
 
 
 class TileSampler:
@@ -238,7 +237,7 @@ class TileSampler:
         rows, cols = memory.grid(view)
         tile_mask = torch.zeros(rows * cols, dtype=torch.bool, device=device)
         tile_mask[tile_ids] = True
-        return TileSample(view, tile_ids, tile_mask.reshape(rows, cols), config.fraction_at(progress))
+        return TileSample(view, tile_ids, tile_mask.reshape(rows, cols))
 
     def state_dict(self) -> Dict:
         return {"generator": self.generator.get_state()}
