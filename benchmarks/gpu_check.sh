@@ -269,8 +269,8 @@ build = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(build)
 module = build.load_jit()
 print('turbogs._C built in', round(time.time() - started), 's:', module.__file__)
-from turbogs.turbo import _cuda
-assert _cuda.available(), 'turbogs.turbo._cuda cannot use the built module'"
+from turbogs.kernels import turbo_cuda as _cuda
+assert _cuda.available(), 'turbogs.kernels.turbo_cuda cannot use the built module'"
 }
 
 phase_builds() {

@@ -1,4 +1,4 @@
-"""The CUDA kernels of cuda/ against their torch twins (turbogs/turbo/_torch_impl.py).
+"""The CUDA kernels of cuda/ against their torch twins (turbogs/kernels/turbo_torch.py).
 
 Every comparison runs twice:
 - "gpu" (marked cuda; skipped only without a CUDA device): turbogs._C on the GPU,

@@ -1,4 +1,4 @@
-"""The tile-wise loss twin (turbogs.turbo.losses / _torch_impl) against numpy loops."""
+"""The tile-wise loss twin (turbogs.turbo.losses / kernels.turbo_torch) against numpy loops."""
 
 import math
 
