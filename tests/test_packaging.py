@@ -3,6 +3,7 @@ sources its just-in-time build compiles (cuda/ ships inside the package as turbo
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,8 +17,13 @@ from conftest import REPO
 def installed(tmp_path_factory):
     """The wheel `pip install .` would install, unpacked: a TurboGS outside the source tree."""
     root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"  # a copy, so that the build leaves no build/ folder in the checkout
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "build", "*.egg-info")
+    for folder in ("turbogs", "viewer", "cuda"):
+        shutil.copytree(REPO / folder, source / folder, ignore=skip)
+    shutil.copy(REPO / "setup.py", source / "setup.py")
     env = {**os.environ, "TURBOGS_NO_CUDA": "1"}
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(root / "dist")], check=True, env=env, cwd=root)
     (wheel,) = (root / "dist").glob("turbogs-*.whl")
     site = root / "site"
