@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from turbogs import bench
+from turbogs.bench import run as bench_run
 from turbogs.config import PRESETS, preset_3dgs
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians, num_sh_bases
@@ -39,7 +40,7 @@ def demo_bench(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(PRESETS, "3dgs_again", preset_3dgs)
-        mp.setattr(bench, "evaluate_views", slow_evaluate)
+        mp.setattr(bench_run, "evaluate_views", slow_evaluate)  # where run_preset looks it up
         started = time.perf_counter()
         code = bench.main([DEMO, "--presets", "3dgs,3dgs_again", "-r", "1", "--steps", "10", "--eval-points", "2",
                            "--device", "cpu", "--quiet", "--out", str(out)])
