@@ -134,3 +134,21 @@ def test_turbo_beats_3dgs_at_the_same_small_step_budget():
             trainer.run_step()
         psnr[preset] = evaluate_views(trainer.gaussians, demo.test, trainer.background, lpips_note=False)["mean"]["psnr"]
     assert psnr["turbo"] > psnr["3dgs"], psnr
+
+
+def test_density_stats_reach_the_progress_bar_and_the_viewer(scene, tmp_path):
+    """The strategy's after_backward stats are kept, not thrown away: grown / pruned / budget
+    add up over the run and are what progress_stats hands the viewer's panel."""
+    from turbogs.viewer.live import Snapshot, status_markdown
+
+    cfg = get_preset("turbo").for_run(steps=30)
+    cfg.density.densify_every = 10
+    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    start = len(trainer.gaussians)
+    while trainer.progress() < 1.0:
+        trainer.run_step()
+    stats = trainer.progress_stats()
+    assert stats["grown"] > 0 and stats["budget"] >= len(trainer.gaussians)
+    assert len(trainer.gaussians) == start + stats["grown"] - stats["pruned"]  # split_into 2: a split adds one row
+    panel = status_markdown(Snapshot(step=trainer.step, total_steps=30, elapsed=1.0, stats=stats, final=False), "done")
+    assert f"**Grown** {stats['grown']:,}" in panel and f"**Budget** {stats['budget']:,}" in panel
