@@ -2,8 +2,9 @@
 
 The package is pure Python. `turbogs._C` (our CUDA kernels in cuda/) is built only
 where both a CUDA toolchain and a CUDA build of torch are present; everywhere else
-the torch twins in turbogs/turbo/_torch_impl.py are used. Set TURBOGS_NO_CUDA=1 to
-skip the build even on a CUDA machine (it is then compiled just-in-time on first use).
+the torch twins in turbogs/kernels/ are used. Set TURBOGS_NO_CUDA=1 to skip the build
+even on a CUDA machine: the sources ship as package data (turbogs/cuda/), so an installed
+TurboGS compiles them just-in-time on first use.
 """
 
 import os
@@ -38,9 +39,12 @@ setup(
     version="0.1.0",
     description="3D Gaussian Splatting in about 100 seconds: error-guided sparse training",
     python_requires=">=3.10",
-    packages=["turbogs", "turbogs.data", "turbogs.render", "turbogs.turbo", "turbogs.density", "turbogs.viewer"],
-    package_dir={"turbogs.viewer": "viewer"},
-    package_data={"turbogs.viewer": ["*.html", "*.js", "*.css"]},
+    packages=["turbogs", "turbogs.bench", "turbogs.data", "turbogs.density", "turbogs.kernels", "turbogs.render",
+              "turbogs.turbo", "turbogs.viewer", "turbogs.cuda"],
+    # viewer/ and cuda/ sit at the top of the repository and install inside the package.
+    package_dir={"turbogs.viewer": "viewer", "turbogs.cuda": "cuda"},
+    package_data={"turbogs.viewer": ["*.html", "*.js", "*.css"],
+                  "turbogs.cuda": ["*.py", "*.cu", "*.h", "*.cpp", "*.sh"]},
     install_requires=[
         "torch>=2.4",  # install torch first (see README) so pip never pulls a CUDA build by accident
         "gsplat==1.5.3",
@@ -51,7 +55,8 @@ setup(
         "tqdm",
         "viser==1.1.1",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "playwright"]},
+    # setuptools: tests/test_packaging.py builds the wheel without build isolation.
+    extras_require={"test": ["pytest", "hypothesis", "playwright", "setuptools>=70.1"]},
     entry_points={"console_scripts": ["turbogs=turbogs.cli:main"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

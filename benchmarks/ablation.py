@@ -3,7 +3,8 @@
 
     python benchmarks/ablation.py NAME PRESET STEPS [field.sub=value ...] [--scene DIR] [-r R]
 
-Example: python benchmarks/ablation.py hybrid turbo 300 optimizer=hybrid hybrid.selective=false
+Example: python benchmarks/ablation.py hybrid turbo 300 optimizer=hybrid optimizer.selective=false
+(`density=NAME` / `optimizer=NAME` swap in that part at its defaults; later overrides edit it.)
 """
 
 import argparse
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from turbogs.config import get_preset
+from turbogs.config import DENSITY_CONFIGS, OPTIMIZER_CONFIGS, get_preset
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
 from turbogs.train import RunOptions, Trainer
@@ -35,6 +36,12 @@ def parse_value(current, text: str):
 def apply_override(cfg, assignment: str) -> None:
     key, text = assignment.split("=", 1)
     *path, field = key.split(".")
+    kinds = {"density": DENSITY_CONFIGS, "optimizer": OPTIMIZER_CONFIGS}
+    if not path and field in kinds:
+        if text not in kinds[field]:
+            raise KeyError(f"no {field} named {text} (choose from {', '.join(kinds[field])})")
+        setattr(cfg, field, kinds[field][text]())
+        return
     target = cfg
     for part in path:
         target = getattr(target, part)

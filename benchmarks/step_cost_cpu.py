@@ -21,7 +21,8 @@ import torch
 
 from turbogs.data.scene import Camera
 from turbogs.gaussians import Gaussians, num_sh_bases
-from turbogs.render import render, tile_grid
+from turbogs.render import render
+from turbogs.tiles import tile_grid
 
 WIDTH, HEIGHT = 128, 96
 FOCAL = 110.0
@@ -79,7 +80,7 @@ def main() -> None:
 
     camera = make_camera()
     target = torch.rand(HEIGHT, WIDTH, 3, generator=torch.Generator().manual_seed(1))
-    tile_width, tile_height = tile_grid(WIDTH, HEIGHT)
+    tile_height, tile_width = tile_grid(HEIGHT, WIDTH)
     quarter = torch.rand(tile_height, tile_width, generator=torch.Generator().manual_seed(2)) < 0.25
     print(f"CPU render step (forward+backward), {WIDTH}x{HEIGHT}, {args.threads} thread(s), "
           f"median of {args.repeats}")

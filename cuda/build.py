@@ -3,7 +3,7 @@
 - `extension()`: the CUDAExtension that setup.py compiles when CUDA and a CUDA build of
   torch are present.
 - `load_jit()`: compile (once, cached on disk) and import the same module at first use,
-  for checkouts that were installed without it. turbogs/turbo/_cuda.py calls it.
+  for checkouts and installs without it. turbogs/kernels/turbo_cuda.py calls it.
 
 Only bindings.cpp includes torch; the .cu files need nvcc alone (cuda/compile_check.sh).
 """

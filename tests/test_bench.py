@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from turbogs import bench
+from turbogs.bench import run as bench_run
 from turbogs.config import PRESETS, preset_3dgs
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians, num_sh_bases
@@ -39,7 +40,7 @@ def demo_bench(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(PRESETS, "3dgs_again", preset_3dgs)
-        mp.setattr(bench, "evaluate_views", slow_evaluate)
+        mp.setattr(bench_run, "evaluate_views", slow_evaluate)  # where run_preset looks it up
         started = time.perf_counter()
         code = bench.main([DEMO, "--presets", "3dgs,3dgs_again", "-r", "1", "--steps", "10", "--eval-points", "2",
                            "--device", "cpu", "--quiet", "--out", str(out)])
@@ -246,13 +247,18 @@ def test_ablation_presets_switch_one_part_off():
     """"turbo+PART" is turbo with exactly one field changed, the same change as the train flag."""
     from turbogs.config import get_preset
 
+    from dataclasses import asdict
+
+    from turbogs.density.vanilla import VanillaDensityConfig
+    from turbogs.optimizers import AdamConfig
+
     turbo = get_preset("turbo").to_dict()
     changed = {
         "turbo+no-sparse": {("sampler", "fraction_start"): 1.0, ("sampler", "fraction_end"): 1.0},
         "turbo+no-ncc": {("tile_loss", "lambda_ncc"): 0.0},
-        "turbo+density-3dgs": {("density_strategy",): "3dgs"},
-        "turbo+optimizer-adam": {("optimizer",): "adam"},
-        "turbo+optimizer-hybrid": {("optimizer",): "hybrid"},
+        "turbo+density-3dgs": {("density",): {"kind": "3dgs", **asdict(VanillaDensityConfig())}},
+        "turbo+optimizer-adam": {("optimizer",): {"kind": "adam", **asdict(AdamConfig())}},
+        "turbo+optimizer-hybrid": {("optimizer",): turbo["optimizer"]},  # turbo's already
     }
     for name, fields in changed.items():
         variant = get_preset(name).to_dict()

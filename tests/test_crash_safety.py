@@ -50,7 +50,7 @@ def test_turbo_state_round_trip_resumes_bit_for_bit(tmp_path):
     optimizer moments) is in the checkpoint: a resumed run equals an uninterrupted one."""
     scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=quiet)
     cfg = get_preset("turbo").for_run(steps=24)
-    cfg.error_density.densify_every = 5
+    cfg.density.densify_every = 5
     options = RunOptions(out_dir=tmp_path, progress=False, log=quiet)
     whole = Trainer(scene, cfg, options)
     while whole.progress() < 1.0:

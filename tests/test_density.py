@@ -9,10 +9,19 @@ import pytest
 import torch
 
 from turbogs.density import VanillaDensity, VanillaDensityConfig, rows
+from turbogs.density.base import DensityStep
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def after_backward(strategy, state, step, gaussians, optimizers, out, width, height, extent, blame=None, progress=0.0):
+    """The strategy's after_backward hook for a step with these figures (`blame`: the probe's
+    gradient; None when no probe was rendered)."""
+    probe = None if blame is None else SimpleNamespace(grad=blame)
+    return strategy.after_backward(state, DensityStep(step, progress, gaussians, optimizers, out, width, height,
+                                                      extent, probe))
 
 
 # --- helpers ------------------------------------------------------------------------
@@ -263,7 +272,7 @@ def test_accumulates_ndc_gradient_norms_of_visible_gaussians():
         grads = torch.randn(5, 2, generator=gen) * 1e-4
         visible = torch.rand(5, generator=gen) > 0.4
         radii = torch.randint(1, 40, (5,), generator=gen) * visible
-        strategy.after_backward(state, step, g, {}, fake_render(grads, visible, radii), width, height, 1.0)
+        after_backward(strategy, state, step, g, {}, fake_render(grads, visible, radii), width, height, 1.0)
         for i in range(5):  # brute force, one Gaussian at a time
             if visible[i]:
                 gx, gy = grads[i, 0].item() * width / 2, grads[i, 1].item() * height / 2
@@ -296,10 +305,10 @@ def test_clone_and_split_selection_against_hand_computed_gradients():
     visible2 = torch.tensor([True, True, True, False, True, True])
     hand_view1 = torch.tensor([2.5e-4, 1.5e-4, (1.5e-4 ** 2 + 7.5e-5 ** 2) ** 0.5, 2.5e-4, 2.5e-4, 2.25e-4])
 
-    strategy.after_backward(state, 1, g, opts, fake_render(view1, torch.ones(6, dtype=torch.bool)), 100, 50, 10.0)
+    after_backward(strategy, state, 1, g, opts, fake_render(view1, torch.ones(6, dtype=torch.bool)), 100, 50, 10.0)
     assert torch.allclose(state["grad2d"], hand_view1, rtol=1e-5, atol=0)
     before = g.raw()
-    stats = strategy.after_backward(state, 2, g, opts, fake_render(view2, visible2), 100, 50, 10.0)
+    stats = after_backward(strategy, state, 2, g, opts, fake_render(view2, visible2), 100, 50, 10.0)
 
     assert stats["densified"] and stats["n_cloned"] == 1 and stats["n_split"] == 2 and stats["n_pruned"] == 0
     # clone appended after the originals, then split parents 3 and 5 replaced by children at the end
@@ -322,12 +331,12 @@ def test_prunes_transparent_and_too_big_gaussians_only_after_first_reset():
 
     g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
     state = strategy.initial_state(5)
-    stats = strategy.after_backward(state, 10, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
+    stats = after_backward(strategy, state, 10, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
     assert stats["n_pruned"] == 1 and ids(g) == [1, 2, 3, 4]  # before the first reset: opacity only
 
     g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
     state = strategy.initial_state(5)
-    stats = strategy.after_backward(state, 30, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
+    stats = after_backward(strategy, state, 30, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
     assert stats["n_pruned"] == 3 and ids(g) == [1, 2]
 
 
@@ -344,7 +353,7 @@ def test_opacity_reset_fires_on_schedule_and_caps_at_one_percent():
         adam_steps(g, opts, 1, seed=step)  # moments become non-zero between resets
         logits_before = g.params["opacities"].detach().clone()
         adam_step_count = opts["opacities"].state[g.params["opacities"]]["step"].item()
-        stats = strategy.after_backward(state, step, g, opts, fake_render(torch.zeros(5, 2), visible), 32, 32, 1.0)
+        stats = after_backward(strategy, state, step, g, opts, fake_render(torch.zeros(5, 2), visible), 32, 32, 1.0)
         if stats["opacity_reset"]:
             reset_steps.append(step)
             param = g.params["opacities"]
@@ -365,14 +374,14 @@ def test_max_gaussians_cap_grows_only_the_highest_gradients():
     state = strategy.initial_state(10)
     pixel = torch.tensor([3, 9, 1, 7, 5, 8, 2, 10, 4, 6], dtype=torch.float32) * 1e-5  # all above threshold
     grads = torch.stack([pixel, torch.zeros(10)], dim=1)
-    stats = strategy.after_backward(state, 2, g, opts, fake_render(grads, torch.ones(10, dtype=torch.bool)), 64, 64, 10.0)
+    stats = after_backward(strategy, state, 2, g, opts, fake_render(grads, torch.ones(10, dtype=torch.bool)), 64, 64, 10.0)
 
     assert len(g) == 13
     grown = sorted(set(i for i in ids(g) if ids(g).count(i) == 2))
     assert grown == [1, 5, 7]  # the three largest gradients: 10e-5 (7), 9e-5 (1), 8e-5 (5)
     assert stats["n_cloned"] == 1 and stats["n_split"] == 2
 
-    stats = strategy.after_backward(state, 4, g, opts, fake_render(torch.full((13, 2), 1e-4), torch.ones(13, dtype=torch.bool)), 64, 64, 10.0)
+    stats = after_backward(strategy, state, 4, g, opts, fake_render(torch.full((13, 2), 1e-4), torch.ones(13, dtype=torch.bool)), 64, 64, 10.0)
     assert len(g) == 13 and stats["n_cloned"] + stats["n_split"] == 0  # at the cap: no growth
 
 
@@ -382,7 +391,7 @@ def test_strategy_state_must_follow_the_rows():
     state = strategy.initial_state(4)
     rows.remove_rows(g, {}, torch.tensor([True, True, False, True]))  # state not passed as extra
     with pytest.raises(RuntimeError, match="turbogs.density.rows"):
-        strategy.after_backward(state, 1, g, {}, fake_render(torch.zeros(3, 2), torch.ones(3, dtype=torch.bool)), 8, 8, 1.0)
+        after_backward(strategy, state, 1, g, {}, fake_render(torch.zeros(3, 2), torch.ones(3, dtype=torch.bool)), 8, 8, 1.0)
 
 
 def test_before_backward_keeps_the_means2d_gradient():

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from turbogs import ops
+from turbogs import kernels as ops
 from turbogs.data.scene import Camera
+from turbogs.density.base import DensityStep
 from turbogs.density.error_driven import (
     ErrorDensityConfig,
     ErrorDrivenDensity,
@@ -20,17 +23,25 @@ from turbogs.density.error_driven import (
     exposed_gaussians,
     make_probe,
     pixel_error,
-    sampled_pixels,
 )
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians, num_sh_bases
 from turbogs.render import render
+from turbogs.tiles import sampled_pixels
 from turbogs.turbo.losses import TileLoss
 
 SIZE = 32  # 2 x 2 tiles
 TILE_IDS = torch.tensor([0, 3])  # two diagonal tiles of four
 TILE_MASK = torch.tensor([[True, False], [False, True]])
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def after_backward(strategy, state, step, gaussians, optimizers, out, width, height, extent, blame=None, progress=0.0):
+    """The strategy's after_backward hook for a step with these figures (`blame`: the probe's
+    gradient; None when no probe was rendered)."""
+    probe = None if blame is None else SimpleNamespace(grad=blame)
+    return strategy.after_backward(state, DensityStep(step, progress, gaussians, optimizers, out, width, height,
+                                                      extent, probe))
 
 
 # --- a tiny real scene ---------------------------------------------------------------
@@ -387,7 +398,7 @@ def test_after_backward_schedule_with_real_renders():
     state = strategy.initial_state(len(gaussians))
     history = []
     for step, progress in [(1, 0.2), (2, 0.3), (3, 0.4), (4, 0.9)]:
-        probe = strategy.make_probe(len(gaussians)) if strategy.needs_blame(progress) else None
+        probe = make_probe(len(gaussians)) if strategy.needs_blame(progress) else None
         out = render(gaussians, camera, tile_mask=TILE_MASK, extra_features=probe)
         loss, _ = TileLoss()(out.image, gt, TILE_IDS)
         if probe is not None:
@@ -395,7 +406,7 @@ def test_after_backward_schedule_with_real_renders():
         loss.backward()
         exposed_now = exposed_gaussians(out.means2d, out.radii, TILE_MASK, SIZE, SIZE)
         before = {k: v.clone() for k, v in state.items()}
-        stats = strategy.after_backward(state, step, gaussians, optimizers, out, SIZE, SIZE, 1.0,
+        stats = after_backward(strategy, state, step, gaussians, optimizers, out, SIZE, SIZE, 1.0,
                                         blame=None if probe is None else probe.grad, progress=progress)
         history.append(stats)
         if step in (1, 3):  # accumulated, not densified
@@ -414,7 +425,7 @@ def test_after_backward_schedule_with_real_renders():
     assert history[3]["n_gaussians"] == history[2]["n_gaussians"]  # past densify_until: nothing
 
     with pytest.raises(RuntimeError, match="blame"):
-        strategy.after_backward(state, 5, gaussians, optimizers, out, SIZE, SIZE, 1.0, blame=None, progress=0.3)
+        after_backward(strategy, state, 5, gaussians, optimizers, out, SIZE, SIZE, 1.0, blame=None, progress=0.3)
 
 
 def test_opacity_decay_scales_opacity_and_keeps_moments():

@@ -14,11 +14,12 @@ import pytest
 import torch
 from gsplat.cuda._torch_impl import _isect_offset_encode, _isect_tiles
 
-from turbogs import ops
+from turbogs import kernels as ops
 from turbogs.data.scene import Camera
 from turbogs.gaussians import SH_C0, Gaussians, num_sh_bases
-from turbogs.render import TILE_SIZE, render, tile_grid
-from turbogs.render import torch_backend
+from turbogs.render import render
+from turbogs.tiles import TILE_SIZE, tile_grid
+from turbogs.kernels import raster_torch as torch_backend
 
 WIDTH, HEIGHT = 40, 30  # 3 x 2 tiles, the last column and row partial
 SH_C1 = 0.4886025119029199
@@ -192,7 +193,7 @@ def test_spherical_harmonics_known_values():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_intersect_tiles_matches_gsplat_reference(seed):
     radii, means2d, depths, *_ = rasterize_inputs(seed, n=50)
-    tile_width, tile_height = tile_grid(WIDTH, HEIGHT)
+    tile_height, tile_width = tile_grid(HEIGHT, WIDTH)
     offsets, flatten_ids = ops.intersect_tiles(means2d, radii, depths, TILE_SIZE, tile_width, tile_height)
     _, isect_ids, ref_ids = _isect_tiles(means2d[None], radii[None], depths[None], TILE_SIZE, tile_width, tile_height)
     ref_offsets = _isect_offset_encode(isect_ids, 1, tile_width, tile_height)[0]
@@ -221,7 +222,7 @@ def test_intersect_tiles_sorts_by_tile_then_depth_then_index():
 
 def test_intersect_tiles_mask_drops_exactly_unselected_pairs():
     radii, means2d, depths, *_ = rasterize_inputs(3, n=50)
-    tile_width, tile_height = tile_grid(WIDTH, HEIGHT)
+    tile_height, tile_width = tile_grid(HEIGHT, WIDTH)
     full = tile_runs(*ops.intersect_tiles(means2d, radii, depths, TILE_SIZE, tile_width, tile_height))
     mask = torch.tensor([[True, False, True], [False, True, False]])
     masked = tile_runs(*ops.intersect_tiles(means2d, radii, depths, TILE_SIZE, tile_width, tile_height, mask))
@@ -236,7 +237,7 @@ def test_intersect_tiles_mask_drops_exactly_unselected_pairs():
 def test_rasterize_matches_brute_force_values_and_gradients():
     radii, means2d, depths, conics, colors, opacities = rasterize_inputs(seed=0, n=30)
     visible = (radii > 0).all(-1)
-    tile_width, tile_height = tile_grid(WIDTH, HEIGHT)
+    tile_height, tile_width = tile_grid(HEIGHT, WIDTH)
     offsets, flatten_ids = ops.intersect_tiles(means2d, radii, depths, TILE_SIZE, tile_width, tile_height)
     background = torch.tensor([0.2, 0.5, 0.9])
     g = torch.Generator().manual_seed(7)
@@ -537,7 +538,7 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
     compositor), it must agree with the torch backend exactly."""
     import gsplat.cuda._torch_impl as reference
     import gsplat.cuda._wrapper as wrapper
-    from turbogs.render import gsplat_backend
+    from turbogs.kernels import raster_gsplat as gsplat_backend
 
     def projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane):
         covars, _ = reference._quat_scale_to_covar_preci(quats, scales, compute_preci=False)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turbogs import ops
-from turbogs.render import TILE_SIZE, render, tile_grid
+from turbogs import kernels as ops
+from turbogs.render import render
+from turbogs.tiles import TILE_SIZE, tile_grid
 
 from test_render import HEIGHT, WIDTH, make_camera, make_gaussians
 
@@ -68,7 +69,7 @@ def test_cuda_tile_masked_render_matches_cpu():
 def test_cuda_intersect_tiles_matches_cpu():
     gaussians = make_gaussians(60, 3)
     camera = make_camera()
-    tile_width, tile_height = tile_grid(WIDTH, HEIGHT)
+    tile_height, tile_width = tile_grid(HEIGHT, WIDTH)
     mask = torch.tensor([[False, True, True], [True, False, True]])
     with torch.no_grad():
         radii, means2d, depths, _ = ops.project(

@@ -1,4 +1,4 @@
-"""The CUDA kernels of cuda/ against their torch twins (turbogs/turbo/_torch_impl.py).
+"""The CUDA kernels of cuda/ against their torch twins (turbogs/kernels/turbo_torch.py).
 
 Every comparison runs twice:
 - "gpu" (marked cuda; skipped only without a CUDA device): turbogs._C on the GPU,
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbogs.turbo import _cuda, _torch_impl
+from turbogs.kernels import turbo_cuda as _cuda
+from turbogs.kernels import turbo_torch as _torch_impl
 from turbogs.turbo.losses import LossConfig, TileLoss
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from test_cli import DEMO, small_demo
-from turbogs.config import get_preset
+from turbogs.config import OPTIMIZER_CONFIGS, get_preset
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
 from turbogs.train import RunOptions, Trainer
@@ -62,8 +62,8 @@ def test_turbo_checkpoint_restores_error_memory_and_sampler(scene, tmp_path):
 @pytest.mark.parametrize("optimizer", ["adam", "hybrid"])
 def test_optimizers_run_in_the_loop_and_survive_densification(scene, tmp_path, optimizer):
     cfg = get_preset("turbo").for_run(steps=60)
-    cfg.optimizer = optimizer
-    cfg.error_density.densify_every = 10
+    cfg.optimizer = OPTIMIZER_CONFIGS[optimizer]()
+    cfg.density.densify_every = 10
     trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
     start = len(trainer.gaussians)
     while trainer.progress() < 1.0:
@@ -80,8 +80,8 @@ def test_turbo_preset_has_all_four_parts_on():
     cfg = get_preset("turbo")
     assert cfg.error_guided and cfg.sampler.fraction_end < 1.0  # sparse tiles
     assert cfg.tile_loss.lambda_ncc > 0  # the NCC structure loss
-    assert cfg.density_strategy == "error"
-    assert cfg.optimizer == "hybrid" and cfg.hybrid.curvature_on == ("means",)
+    assert cfg.density.name == "error"
+    assert cfg.optimizer.name == "hybrid" and cfg.optimizer.curvature_on == ("means",)
 
 
 def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, tmp_path):
@@ -89,7 +89,7 @@ def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, t
     rendered: folding an unseen Gaussian's zero estimate in would shrink its curvature and
     lengthen its Newton steps (it cost 1.3 dB on test_colmap)."""
     cfg = get_preset("turbo").for_run(steps=30)
-    cfg.hybrid.hessian_every = 1
+    cfg.optimizer.hessian_every = 1
     trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
     means = trainer.optimizers["means"]
     folds = []
@@ -134,3 +134,21 @@ def test_turbo_beats_3dgs_at_the_same_small_step_budget():
             trainer.run_step()
         psnr[preset] = evaluate_views(trainer.gaussians, demo.test, trainer.background, lpips_note=False)["mean"]["psnr"]
     assert psnr["turbo"] > psnr["3dgs"], psnr
+
+
+def test_density_stats_reach_the_progress_bar_and_the_viewer(scene, tmp_path):
+    """The strategy's after_backward stats are kept, not thrown away: grown / pruned / budget
+    add up over the run and are what progress_stats hands the viewer's panel."""
+    from turbogs.viewer.live import Snapshot, status_markdown
+
+    cfg = get_preset("turbo").for_run(steps=30)
+    cfg.density.densify_every = 10
+    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    start = len(trainer.gaussians)
+    while trainer.progress() < 1.0:
+        trainer.run_step()
+    stats = trainer.progress_stats()
+    assert stats["grown"] > 0 and stats["budget"] >= len(trainer.gaussians)
+    assert len(trainer.gaussians) == start + stats["grown"] - stats["pruned"]  # split_into 2: a split adds one row
+    panel = status_markdown(Snapshot(step=trainer.step, total_steps=30, elapsed=1.0, stats=stats, final=False), "done")
+    assert f"**Grown** {stats['grown']:,}" in panel and f"**Budget** {stats['budget']:,}" in panel

@@ -27,7 +27,8 @@ from turbogs.viewer.heatmap import error_overlay
 from turbogs.viewer.model_files import load_model
 from turbogs.viewer.server import find_free_port
 from turbogs.viewer.server_render import camera_from_viewer, gaussians_from_params, maybe_add_server_rendering, render_rgb
-from turbogs.viewer.splats import quats_to_rotations, splats_from_params
+from turbogs.data.colmap import qvec_to_rotmat
+from turbogs.viewer.splats import splats_from_params
 
 # --- fixtures: a blob model in front of one camera ------------------------------------
 
@@ -140,7 +141,7 @@ def test_bare_ply_alone(tmp_path):
 @pytest.mark.parametrize(
     "content, problem",
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "invalid JSON"),
         ('{"a": 1}', "expected a JSON list"),
         (json.dumps([{"id": 0, "width": 3}]), "has no field"),
         (json.dumps([dict(camera_entry(), rotation=[[1, 0], [0, 1]])]), "3x3"),
@@ -202,7 +203,7 @@ def test_splats_accept_torch_tensors_with_grad():
     splats = splats_from_params(params)
     expected = 1 / (1 + np.exp(-3.0))
     np.testing.assert_allclose(splats.opacities[:, 0], expected, rtol=1e-6)
-    rot = quats_to_rotations(params["quats"].detach().numpy())
+    rot = qvec_to_rotmat(params["quats"].detach().numpy(), dtype=np.float32)
     np.testing.assert_allclose(rot @ rot.transpose(0, 2, 1), np.tile(np.eye(3), (6, 1, 1)), atol=1e-6)
 
 

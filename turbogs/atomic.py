@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Union
 
-from turbogs.errors import TurboGSError
+from turbogs.errors import InputError, TurboGSError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -97,3 +97,18 @@ def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> Non
 def atomic_write_json(path: PathLike, obj: Any, indent: int = 2) -> None:
     """Serialize first, so an unserializable object never touches the disk."""
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def read_json(path: PathLike, expected: type = dict) -> Any:
+    """The reading side: a JSON file whose top level must be an `expected` (dict or list).
+    A missing, unreadable or malformed file is one InputError line, never a traceback."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(data, expected):
+        raise InputError(f"{path}: expected a JSON {'object' if expected is dict else 'list'} at the top level")
+    return data

@@ -6,69 +6,17 @@ Every user-facing problem is a TurboGSError: printed as one line on stderr, exit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
+from turbogs.cliargs import (  # noqa: F401 (the argument types are part of this module's interface)
+    add_device, pick_device, port_arg, positive_float, positive_int, resolution_arg, run_command,
+)
 from turbogs.errors import TurboGSError
 
 DEFAULT_PORT = 8080
-
-
-# --- argument types -----------------------------------------------------------------
-
-
-def resolution_arg(text: str) -> int:
-    """1, 2, 4 or 8 (a downscale factor, as INRIA's -r), or a target width of 16 px or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if value in (1, 2, 4, 8) or value >= 16:
-        return value
-    raise argparse.ArgumentTypeError(f"{value} is neither a downscale factor (1, 2, 4, 8) nor a width (16 px or more)")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
-    return value
-
-
-def port_arg(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
-    return value
-
-
-def pick_device(name: str, threads: int = 1):
-    """The torch device for --device, and the CPU thread count: on CPU this workload is many
-    small ops, which run several times faster on one thread than fighting over two."""
-    import torch
-
-    torch.set_num_threads(threads)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TurboGSError("--device cuda: no CUDA GPU is visible to torch (is this a CPU build of torch?)")
-    return torch.device(name)
 
 
 # --- commands -----------------------------------------------------------------------
@@ -143,7 +91,6 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
         ABLATIONS[f"optimizer-{args.optimizer}"](cfg)
     if args.max_gaussians is not None:
         cfg.density.max_gaussians = args.max_gaussians
-        cfg.error_density.max_gaussians = args.max_gaussians
 
 
 def report(summary: dict, out_dir: Path) -> None:
@@ -158,45 +105,17 @@ def report(summary: dict, out_dir: Path) -> None:
     print(f"view it: turbogs view {out_dir}")
 
 
-def scene_for_model(model_dir: Path, source: Optional[str], eval_split: Optional[bool]):
-    """Reload the capture a model was trained on, from its cfg_args (or --source)."""
-    from turbogs.data.load import load_scene
-    from turbogs.model import read_cfg_args
-
-    cfg_path = model_dir / "cfg_args"
-    saved = read_cfg_args(cfg_path) if cfg_path.is_file() else {}
-    source = source or saved.get("source_path")
-    if not source:
-        raise TurboGSError(f"{model_dir}: no cfg_args names the training capture; pass --source SCENE")
-    resolution = saved.get("resolution", -1)
-    return load_scene(source, resolution=None if resolution in (-1, None) else int(resolution),
-                      images=saved.get("images", "images"),
-                      eval_split=bool(saved.get("eval", True)) if eval_split is None else eval_split,
-                      white_background=bool(saved.get("white_background", False)))
-
-
-def load_gaussians(model: Path, device):
-    import torch
-
-    from turbogs.gaussians import Gaussians
-    from turbogs.model import load_model
-
-    params, sh_degree, step = load_model(model)
-    tensors = {k: torch.from_numpy(v) for k, v in params.items()}
-    gaussians = Gaussians(tensors, sh_degree, active_sh_degree=sh_degree).to(device)
-    return gaussians, step
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import model
     from turbogs.evaluate import evaluate_views, write_evaluation
 
     device = pick_device(args.device, args.threads)
     model_dir = Path(args.model)
-    gaussians, step = load_gaussians(model_dir, device)
+    gaussians, step = model.load_gaussians(model_dir, device)
     # a model file (an export: x.spz) is judged with the cfg_args beside it; results go to x.spz_eval/
-    scene = scene_for_model(model_dir if model_dir.is_dir() else model_dir.parent, args.source, eval_split=True)
+    scene = model.scene_for_model(model_dir if model_dir.is_dir() else model_dir.parent, args.source, eval_split=True)
     if not scene.test:
         raise TurboGSError(f"{model_dir}: the capture has no test views (train with --eval)")
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
@@ -216,6 +135,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import model
     from turbogs.evaluate import write_png
     from turbogs.render import render
 
@@ -225,8 +145,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         return render_camera_path(args, model_dir, device)
     if args.video or args.frames_dir:
         raise TurboGSError("--video and --frames-dir render a camera path: add --path orbit|spiral|interpolate")
-    gaussians, step = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=args.split != "all")
+    gaussians, step = model.load_gaussians(model_dir, device)
+    scene = model.scene_for_model(model_dir, args.source, eval_split=args.split != "all")
     cameras = {"train": scene.train, "test": scene.test, "all": scene.train}[args.split]
     out_dir = Path(args.out) if args.out else model_dir / args.split / f"ours_{step or 0}" / "renders"
     background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
@@ -241,14 +161,15 @@ def render_camera_path(args: argparse.Namespace, model_dir: Path, device) -> int
     """`render --path`: a fly-through video (and/or PNG frames) along a camera path."""
     import torch
 
+    from turbogs import model
     from turbogs.video import path_cameras, render_path
 
     if not args.video and not args.frames_dir:
         raise TurboGSError("--path needs --video FILE.mp4 and/or --frames-dir DIR")
     if args.video and Path(args.video).suffix.lower() != ".mp4":
         raise TurboGSError(f"--video {args.video}: the video is written as MP4; name it .mp4")
-    gaussians, _ = load_gaussians(model_dir, device)
-    scene = scene_for_model(model_dir, args.source, eval_split=False) if args.source else None
+    gaussians, _ = model.load_gaussians(model_dir, device)
+    scene = model.scene_for_model(model_dir, args.source, eval_split=False) if args.source else None
     cameras = path_cameras(model_dir, args.path, args.frames, args.width, scene)
     background = torch.ones(3, device=device) if scene is not None and scene.white_background else torch.zeros(3, device=device)
     render_path(gaussians, cameras, background, Path(args.video) if args.video else None, args.fps,
@@ -289,13 +210,6 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 # --- parser -------------------------------------------------------------------------
-
-
-def add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
 
 
 def add_server(p: argparse.ArgumentParser) -> None:
@@ -394,25 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_server(p)
     p.set_defaults(func=cmd_view)
 
-    from turbogs.bench import add_bench_parser
+    from turbogs.bench.command import add_bench_parser
 
     add_bench_parser(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)  # argparse itself exits 2 with one line on a bad flag
-    args.argv = argv  # the command as typed, for the records benchmarks keep
-    try:
-        return args.func(args)
-    except TurboGSError as exc:
-        print(f"turbogs {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"turbogs {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(build_parser(), list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Type
 
+from turbogs.density.base import DensityConfig
 from turbogs.density.error_driven import ErrorDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
+from turbogs.errors import TurboGSError
 from turbogs.optim import HybridConfig
+from turbogs.optimizers import AdamConfig, OptimizerConfig
 from turbogs.turbo.losses import LossConfig
 from turbogs.turbo.sampling import SamplerConfig
 
@@ -54,12 +57,10 @@ class TrainConfig:
     error_guided: bool = False
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     tile_loss: LossConfig = field(default_factory=LossConfig)
-    # Part 2: density control ("3dgs" = INRIA's gradient rule, "error" = error-driven) and optimizer.
-    density_strategy: str = "3dgs"
-    density: VanillaDensityConfig = field(default_factory=VanillaDensityConfig)
-    error_density: ErrorDensityConfig = field(default_factory=ErrorDensityConfig)
-    optimizer: str = "adam"  # "adam" or "hybrid"
-    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    # Part 2: density control (its strategy's own settings: VanillaDensityConfig = INRIA's gradient
+    # rule, ErrorDensityConfig = error-driven) and the optimizer (AdamConfig or HybridConfig).
+    density: DensityConfig = field(default_factory=VanillaDensityConfig)
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
     checkpoint_every_seconds: float = 60.0  # wall-clock, so that a killed run loses little
     checkpoint_every_steps: int = 0  # 0 = by time only
     test_every: int = 8  # every 8th image in name order is a test view with --eval
@@ -83,7 +84,11 @@ class TrainConfig:
         return cfg
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain data; the density and optimizer settings carry their `kind` (for from_dict)."""
+        data = dataclasses.asdict(self)
+        data["density"] = {"kind": self.density.name, **data["density"]}
+        data["optimizer"] = {"kind": self.optimizer.name, **data["optimizer"]}
+        return data
 
 
 def preset_3dgs() -> TrainConfig:
@@ -98,10 +103,10 @@ def preset_turbo() -> TrainConfig:
         preset="turbo",
         budget_seconds=100.0,
         error_guided=True,
-        density_strategy="error",
+        density=ErrorDensityConfig(),
         # Curvature-informed steps for the means, Adam's for the rest: +0.9 dB over Adam at 100 s
         # on test_colmap, five seeds of five (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
-        optimizer="hybrid",
+        optimizer=HybridConfig(),
         # INRIA's proportion (a degree every 1000 of 30k steps) in every run, step-based ones too:
         # a step-based run otherwise raises the degree every steps/7 (scaled_to), and late SH cost
         # the hybrid 2.3 dB on the demo at 1500 steps (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
@@ -126,26 +131,33 @@ def _no_ncc(cfg: TrainConfig) -> None:
     cfg.tile_loss.lambda_ncc = 0.0
 
 
-def _use(field_name: str, value: str) -> Callable[[TrainConfig], None]:
-    return lambda cfg: setattr(cfg, field_name, value)
+# The strategies and optimizers by the names --density and --optimizer take.
+DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig)}
+OPTIMIZER_CONFIGS: Dict[str, Type[OptimizerConfig]] = {c.name: c for c in (AdamConfig, HybridConfig)}
+
+
+def _use(field_name: str, kind: type) -> Callable[[TrainConfig], None]:
+    """Swap a part for another kind, at its defaults (a part of the same kind is kept as it is)."""
+
+    def use(cfg: TrainConfig) -> None:
+        if not isinstance(getattr(cfg, field_name), kind):
+            setattr(cfg, field_name, kind())
+
+    return use
 
 
 # The CLI's --no-sparse, --no-ncc, --density and --optimizer, and bench's "turbo+no-sparse".
 ABLATIONS: Dict[str, Callable[[TrainConfig], None]] = {
     "no-sparse": _dense_tiles,  # render every tile (the error memory still picks views)
     "no-ncc": _no_ncc,
-    "density-3dgs": _use("density_strategy", "3dgs"),
-    "density-error": _use("density_strategy", "error"),
-    "optimizer-adam": _use("optimizer", "adam"),
-    "optimizer-hybrid": _use("optimizer", "hybrid"),
+    **{f"density-{name}": _use("density", kind) for name, kind in DENSITY_CONFIGS.items()},
+    **{f"optimizer-{name}": _use("optimizer", kind) for name, kind in OPTIMIZER_CONFIGS.items()},
 }
 
 
 def get_preset(name: str) -> TrainConfig:
     """A preset by name; "PRESET+ABLATION[+ABLATION...]" applies ablations on top of it
     (e.g. "turbo+no-ncc"), which is how `turbogs bench` races a preset against its parts."""
-    from turbogs.errors import TurboGSError
-
     base, *ablations = name.split("+")
     if base not in PRESETS:
         raise TurboGSError(f"unknown preset '{base}' (choose from: {', '.join(PRESETS)})")
@@ -161,6 +173,13 @@ def get_preset(name: str) -> TrainConfig:
 def from_dict(data: dict) -> TrainConfig:
     """Rebuild a config saved with `to_dict` (for --resume)."""
     cfg = TrainConfig()
+    data = dict(data)
+    for key, kinds in (("density", DENSITY_CONFIGS), ("optimizer", OPTIMIZER_CONFIGS)):
+        if isinstance(data.get(key), dict) and "kind" in data[key]:
+            values = dict(data.pop(key))
+            kind = kinds[values.pop("kind")]
+            names = {f.name for f in dataclasses.fields(kind)}
+            setattr(cfg, key, kind(**{k: v for k, v in values.items() if k in names}))
     for key, value in data.items():
         current = getattr(cfg, key, None)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):

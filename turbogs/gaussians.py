@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional
 
-import numpy as np
 import torch
 
 SH_C0 = 0.28209479177387814  # Y_0^0, maps a DC coefficient to a color offset
@@ -28,10 +27,6 @@ PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 def rgb_to_sh(rgb: torch.Tensor) -> torch.Tensor:
     """Color in [0, 1] -> DC coefficient such that color = SH_C0 * dc + 0.5."""
     return (rgb - 0.5) / SH_C0
-
-
-def sh_to_rgb(sh: torch.Tensor) -> torch.Tensor:
-    return sh * SH_C0 + 0.5
 
 
 def num_sh_bases(degree: int) -> int:
@@ -136,11 +131,6 @@ class Gaussians(torch.nn.Module):
         for name in PARAM_NAMES:
             self.params[name] = torch.nn.Parameter(params[name].contiguous())
 
-    def bounds(self) -> torch.Tensor:
-        """[2, 3] min and max of the means."""
-        m = self.means.detach()
-        return torch.stack([m.min(dim=0).values, m.max(dim=0).values])
-
 
 def sh_degree_from_coeffs(num_rest: int) -> int:
     """The SH degree implied by the number of higher-band coefficients per channel."""
@@ -148,7 +138,3 @@ def sh_degree_from_coeffs(num_rest: int) -> int:
     if num_sh_bases(degree) - 1 != num_rest:
         raise ValueError(f"{num_rest} higher-band SH coefficients match no SH degree")
     return degree
-
-
-def to_numpy(params: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in params.items()}

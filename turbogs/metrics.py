@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from turbogs.errors import TurboGSError
+from turbogs.tiles import sampled_pixels
 
 ImageLike = Union[torch.Tensor, np.ndarray]
 
@@ -72,6 +73,16 @@ def psnr(img: ImageLike, gt: ImageLike, mask: Optional[ImageLike] = None) -> flo
 
 
 # --- SSIM -------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
+    """PSNR over the pixels a training step rendered (the others are undefined): the
+    progress bar's figure."""
+    height, width = image.shape[:2]
+    inside = sampled_pixels(tile_mask, width, height, image.device)
+    mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
+    return -10 * math.log10(max(float(mse), 1e-10))
 
 
 def gaussian_kernel_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> torch.Tensor:

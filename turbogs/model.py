@@ -129,3 +129,35 @@ def load_model(model: Path):
     if len(params["means"]) == 0:
         raise InputError(f"{path}: the model has no Gaussians")
     return params, sh_degree, step
+
+
+# --- reading a model back for eval / render -------------------------------------------
+
+
+def scene_for_model(model_dir: Path, source: Optional[str], eval_split: Optional[bool]):
+    """Reload the capture a model was trained on, from its cfg_args (or --source)."""
+    from turbogs.data.load import load_scene
+
+    cfg_path = model_dir / "cfg_args"
+    saved = read_cfg_args(cfg_path) if cfg_path.is_file() else {}
+    source = source or saved.get("source_path")
+    if not source:
+        raise InputError(f"{model_dir}: no cfg_args names the training capture; pass --source SCENE")
+    resolution = saved.get("resolution", -1)
+    return load_scene(source, resolution=None if resolution in (-1, None) else int(resolution),
+                      images=saved.get("images", "images"),
+                      eval_split=bool(saved.get("eval", True)) if eval_split is None else eval_split,
+                      white_background=bool(saved.get("white_background", False)))
+
+
+def load_gaussians(model: Path, device):
+    """The latest iteration of a model folder as Gaussians on `device` (all SH bands active),
+    and its iteration number."""
+    import torch
+
+    from turbogs.gaussians import Gaussians
+
+    params, sh_degree, step = load_model(model)
+    tensors = {k: torch.from_numpy(v) for k, v in params.items()}
+    gaussians = Gaussians(tensors, sh_degree, active_sh_degree=sh_degree).to(device)
+    return gaussians, step

@@ -43,8 +43,6 @@ def gaussian_budget(scene: Scene, cfg: TrainConfig) -> int:
     """How many Gaussians the run may hold: the density control's cap where there is one, else
     the initial count (a floor: INRIA's rule has no cap)."""
     initial = len(scene.points) if scene.points is not None and len(scene.points) else cfg.init_random_points
-    if cfg.density_strategy == "error":
-        return max(initial, cfg.error_density.max_gaussians)
     cap = cfg.density.max_gaussians
     return initial if cap is None else max(initial, cap)
 

@@ -25,17 +25,17 @@ from tqdm import tqdm
 from turbogs import checkpoint, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
-from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error, sampled_pixels
-from turbogs.density.vanilla import VanillaDensity
+from turbogs.dense_loss import photometric_loss
+from turbogs.density.base import DensityStep
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-from turbogs.metrics import ssim
-from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
+from turbogs.metrics import sampled_psnr
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
-from turbogs.turbo import ErrorMemory, TileLoss, TileSampler
+from turbogs.tiles import TILE_SIZE, sampled_pixels
+from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
 # torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
@@ -77,20 +77,10 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
     """One optimizer per parameter, as INRIA's groups, so density control can edit each one's
-    rows: Adam, or the hybrid Hessian-informed/Adam optimizer (with INRIA's rates either way)."""
+    rows (the configured optimizer, with INRIA's rates)."""
     rates = {"means": cfg.lr.means * extent, "scales": cfg.lr.scales, "quats": cfg.lr.quats,
              "opacities": cfg.lr.opacities, "sh0": cfg.lr.sh0, "shN": cfg.lr.shN}
-    if cfg.optimizer == "adam":
-        return {name: torch.optim.Adam([gaussians.params[name]], lr=rates[name], eps=1e-15) for name in PARAM_NAMES}
-    if cfg.optimizer == "hybrid":
-        unknown = sorted(set(cfg.hybrid.curvature_on) - set(PARAM_NAMES))
-        if unknown:
-            raise TurboGSError(f"hybrid.curvature_on names unknown parameter(s) {', '.join(unknown)} "
-                               f"(choose from {', '.join(PARAM_NAMES)})")
-        return {name: HybridOptimizer([gaussians.params[name]],
-                                      **cfg.hybrid.optimizer_kwargs(rates[name], curved=name in cfg.hybrid.curvature_on))
-                for name in PARAM_NAMES}
-    raise TurboGSError(f"unknown optimizer '{cfg.optimizer}' (choose adam or hybrid)")
+    return cfg.optimizer.build({name: gaussians.params[name] for name in PARAM_NAMES}, rates)
 
 
 def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
@@ -100,38 +90,10 @@ def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
     return math.exp((1 - t) * math.log(start) + t * math.log(end))
 
 
-def make_density(cfg: TrainConfig):
-    if cfg.density_strategy == "3dgs":
-        return VanillaDensity(cfg.density)
-    if cfg.density_strategy == "error":
-        return ErrorDrivenDensity(cfg.error_density)
-    raise TurboGSError(f"unknown density strategy '{cfg.density_strategy}' (choose 3dgs or error)")
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so that a clock read after it includes that work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@torch.no_grad()
-def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
-    """PSNR over the pixels this step rendered (the others are undefined)."""
-    height, width = image.shape[:2]
-    inside = sampled_pixels(tile_mask, width, height, image.device)
-    mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
-    return -10 * math.log10(max(float(mse), 1e-10))
-
-
-def photometric_loss(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor], lambda_ssim: float) -> torch.Tensor:
-    """(1 - l) * L1 + l * (1 - SSIM); masked-out pixels are excluded from both terms."""
-    if mask is not None:
-        m = mask[..., None]
-        l1 = ((image - gt).abs() * m).sum() / (m.sum() * 3).clamp_min(1)
-        image, gt = image * m, gt * m
-    else:
-        l1 = (image - gt).abs().mean()
-    return (1 - lambda_ssim) * l1 + lambda_ssim * (1 - ssim(image, gt))
 
 
 class ViewOrder:
@@ -153,27 +115,31 @@ class ViewOrder:
 
 
 @dataclass
-class Pick:
-    """What one step trains on: a view and, when sampling tiles, which of its tiles."""
-
-    view: int
-    tile_ids: Optional[torch.Tensor] = None  # [K] int64; None = the whole image
-    tile_mask: Optional[torch.Tensor] = None  # [TH, TW] bool
-
-
-@dataclass
 class RunningStats:
-    """Smoothed figures for the progress bar."""
+    """Figures for the progress bar and the viewer: smoothed loss and PSNR, and what density
+    control did over the run (from the stats its after_backward returns)."""
 
     loss: float = 0.0
     psnr: float = 0.0
     skipped_steps: int = 0
+    grown: int = 0  # Gaussians cloned or split
+    pruned: int = 0
+    budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
 
-    def update(self, loss: float, psnr: float) -> None:
+    def update(self, loss: float, psnr: float, density: Optional[dict] = None) -> None:
         if self.loss == 0.0:
             self.loss, self.psnr = loss, psnr
         self.loss = 0.9 * self.loss + 0.1 * loss
         self.psnr = 0.9 * self.psnr + 0.1 * psnr
+        density = density or {}
+        self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
+        self.pruned += int(density.get("n_pruned", 0))
+        if density.get("budget") is not None:
+            self.budget = int(density["budget"])
+
+    def density_figures(self) -> dict:
+        figures = {"grown": self.grown, "pruned": self.pruned}
+        return figures if self.budget is None else {**figures, "budget": self.budget}
 
 
 # --- the run ----------------------------------------------------------------------
@@ -185,7 +151,7 @@ class Trainer:
     def __init__(self, scene: Scene, cfg: TrainConfig, options: RunOptions):
         if not scene.train:
             raise TurboGSError(f"{scene.source_path}: no training views")
-        self.scene, self.cfg, self.opt = scene, cfg, options
+        self.scene, self.cfg, self.options = scene, cfg, options
         self.device = options.device
         self.log = options.log
         self.extent = scene.extent()
@@ -198,7 +164,10 @@ class Trainer:
         self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
-        self.density = make_density(cfg)
+        if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
+            raise TurboGSError(f"sampler and tile loss must use the renderer's {TILE_SIZE}-pixel tiles, got "
+                               f"{cfg.sampler.tile_size} and {cfg.tile_loss.tile_size}")
+        self.density = cfg.density.build()
         self.density_state = self.density.initial_state(len(self.gaussians), device=self.device)
         self.views = ViewOrder(len(scene.train), self.generator)
         if cfg.error_guided:
@@ -230,16 +199,18 @@ class Trainer:
         gt, mask = self.train_images[pick.view].to(self.device), self.train_masks[pick.view]
         mask = None if mask is None else mask.to(self.device)
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
-        probe = make_probe(len(self.gaussians), self.device) if self.wants_blame(progress) else None
+        features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
-        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=probe)
+        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
         if self.tile_loss is not None:
             loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
         else:
             loss, tile_errors = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim), None
-        if probe is not None:  # adds 0 to the loss; its gradient on the probe is each Gaussian's error blame
-            loss = loss + blame_term(out, pixel_error(out.image, gt, pick.tile_mask, mask), pick.tile_mask)
+        extra = self.density.extra_loss(out, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
+        if extra is not None:
+            loss = loss + extra
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
+        self.density.before_backward(self.density_state, out)
         loss.backward()
 
         if not self._finite(loss):
@@ -250,33 +221,19 @@ class Trainer:
             if self.memory is not None:
                 self.memory.update(pick.view, pick.tile_ids, tile_errors)
             # The optimizer steps before density control changes the rows that `out` describes.
-            visible = out.visible if self.cfg.hybrid.selective else None
-            for name, optimizer in self.optimizers.items():
-                if isinstance(optimizer, HybridOptimizer):
-                    optimizer.step(visible=visible)
-                    if curvature is not None and name in curvature:
-                        # Rendered rows only, even without selective steps: an unseen Gaussian's
-                        # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
-                        optimizer.update_hessian(curvature[name], visible=out.visible)
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            self.density.after_backward(self.density_state, self.step + 1, self.gaussians, self.optimizers, out,
-                                        camera.width, camera.height, self.extent,
-                                        blame=None if probe is None else probe.grad, progress=progress)
-            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask))
+            cfg.optimizer.step(self.optimizers, out.visible, curvature)
+            density_stats = self.density.after_backward(self.density_state, DensityStep(
+                self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
+                self.extent, features))
+            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
 
-    def estimate_curvature(self, out, pick: Pick) -> Optional[Dict[str, torch.Tensor]]:
-        """Every `hessian_every` steps, a Gauss-Newton diagonal sample over the rendered pixels,
-        for the parameters that take curvature-informed steps."""
-        if self.cfg.optimizer != "hybrid" or self.step % self.cfg.hybrid.hessian_every:
+    def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
+        """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
+        if not self.cfg.optimizer.wants_curvature(self.step):
             return None
         height, width = out.image.shape[:2]
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        rendered = out.image[inside]
-        scale = self.cfg.hybrid.loss_hessian_scale / max(rendered.numel(), 1)
-        curved = {name: self.gaussians.params[name] for name in self.cfg.hybrid.curvature_on}
-        return gauss_newton_diagonal_sample(rendered, curved, self.generator, loss_hessian_scale=scale)
+        return self.cfg.optimizer.estimate_curvature(out.image[inside], self.gaussians.params, self.generator)
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included."""
@@ -298,14 +255,11 @@ class Trainer:
             degree = int(progress * self.cfg.steps) // self.cfg.sh_increase_every
         self.gaussians.active_sh_degree = min(degree, self.cfg.sh_degree)
 
-    def pick(self, progress: float) -> Pick:
+    def pick(self, progress: float) -> TileSample:
+        """What this step trains on: a view and, when sampling tiles, which of its tiles."""
         if self.sampler is None:
-            return Pick(self.views.next())
-        sample = self.sampler.sample(progress)
-        return Pick(sample.view, sample.tile_ids, sample.tile_mask)
-
-    def wants_blame(self, progress: float) -> bool:
-        return isinstance(self.density, ErrorDrivenDensity) and self.density.needs_blame(progress)
+            return TileSample(self.views.next())
+        return self.sampler.sample(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
         if not torch.isfinite(loss):
@@ -319,12 +273,12 @@ class Trainer:
         self.stats.skipped_steps += 1
         self.bad_streak += 1
         if self.bad_streak >= MAX_BAD_STEPS:
-            if not checkpoint.list_checkpoints(self.opt.out_dir):
+            if not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
                 self.save_checkpoint()
             raise TurboGSError(
                 f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
-                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.opt.out_dir)}"
+                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.options.out_dir)}"
             )
 
     # --- checkpoints --------------------------------------------------------------
@@ -367,15 +321,15 @@ class Trainer:
         self.step = state["step"]
 
     def save_checkpoint(self) -> None:
-        checkpoint.save_checkpoint(self.opt.out_dir, self.step, self.state_dict())
+        checkpoint.save_checkpoint(self.options.out_dir, self.step, self.state_dict())
 
     # --- the loop -----------------------------------------------------------------
     def run(self) -> dict:
-        cfg, opt = self.cfg, self.opt
+        cfg = self.cfg
         last_checkpoint = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not opt.progress, dynamic_ncols=True,
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.options.progress, dynamic_ncols=True,
                    unit="step", desc="train")
-        viewer = opt.viewer
+        viewer = self.options.viewer
         try:
             while self.progress() < 1.0:
                 if viewer is not None:
@@ -390,7 +344,8 @@ class Trainer:
 
                 bar.update(1)
                 bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
-                                gaussians=len(self.gaussians), skipped=self.stats.skipped_steps, refresh=False)
+                                gaussians=len(self.gaussians), **self.stats.density_figures(),
+                                skipped=self.stats.skipped_steps, refresh=False)
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
@@ -411,7 +366,7 @@ class Trainer:
         self.save_checkpoint()
         return TurboGSError(
             f"out of {self.device.type} memory at step {self.step} with {len(self.gaussians)} Gaussians; "
-            f"saved a checkpoint in {checkpoint.checkpoint_dir(self.opt.out_dir)}. Continue with --resume plus "
+            f"saved a checkpoint in {checkpoint.checkpoint_dir(self.options.out_dir)}. Continue with --resume plus "
             "--data-device cpu (images stay in CPU memory) or --max-gaussians N (fewer than now), "
             "or start over with -r 2/4/8 (smaller images)"
         )
@@ -424,20 +379,20 @@ class Trainer:
 
     def progress_stats(self) -> dict:
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
-                "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps}
+                "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
     def finish(self) -> dict:
         """Write the model (atomically), a final checkpoint, and evaluate."""
-        opt = self.opt
-        out = Path(opt.out_dir)
+        options = self.options
+        out = Path(options.out_dir)
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
         summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                    "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps}
-        if opt.evaluate and self.scene.test:
+        if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
-            summary = write_evaluation(out, self.step, evaluation, summary, opt.save_test_images)
+            summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
         return summary
 
 

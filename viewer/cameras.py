@@ -8,7 +8,6 @@ which is also viser's, so no axis flips are needed.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import cv2
 import numpy as np
 import viser.transforms as vtf
 
+from turbogs.atomic import read_json
 from turbogs.errors import InputError
 
 THUMBNAIL_MAX_SIDE = 192  # pixels; enough to recognise a view, small enough to send hundreds
@@ -143,14 +143,7 @@ def _camera_from_entry(entry: object, path: Path, index: int) -> ViewCamera:
 def read_cameras_json(path: Path, image_dirs: Sequence[Path] = ()) -> List[ViewCamera]:
     """INRIA's cameras.json -> cameras, each with a thumbnail where its image is found."""
     path = Path(path)
-    try:
-        entries = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(entries, list):
-        raise InputError(f"{path}: expected a JSON list of cameras")
+    entries = read_json(path, expected=list)
     cameras = [_camera_from_entry(entry, path, i) for i, entry in enumerate(entries)]
     for cam in cameras:
         cam.image_path = find_image(image_dirs, cam.name)

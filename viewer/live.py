@@ -80,6 +80,11 @@ def status_markdown(snap: Snapshot, state: str) -> str:
     size = [f"**Gaussians** {int(count):,}"] if count is not None else []
     size.append(f"**Elapsed** {snap.elapsed:.1f} s")
     lines.append(" · ".join(size))
+    # What density control did, from the stats its strategy returns (the trainer's progress_stats).
+    density = [f"**{label}** {int(snap.stats[key]):,}"
+               for key, label in (("grown", "Grown"), ("pruned", "Pruned"), ("budget", "Budget")) if key in snap.stats]
+    if density:
+        lines.append(" · ".join(density))
     lines.append(f"**State** {state}")
     return "  \n".join(lines)
 

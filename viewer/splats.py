@@ -19,6 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
+from turbogs.data.colmap import qvec_to_rotmat
 from turbogs.gaussians import SH_C0
 
 
@@ -42,30 +43,13 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
-def quats_to_rotations(quats: np.ndarray) -> np.ndarray:
-    """[N, 4] wxyz quaternions (any norm) -> [N, 3, 3] float32 rotation matrices
-    (float32 throughout: a few million Gaussians must convert quickly and compactly)."""
-    q = quats.astype(np.float32)
-    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-    w, x, y, z = q.T
-    rotations = np.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        axis=1,
-    )  # fmt: skip
-    return rotations.reshape(-1, 3, 3)
-
-
 def splats_from_params(params: Mapping[str, object]) -> Splats:
     """Activate a raw parameter dict (numpy arrays or torch tensors, as stored by
     `Gaussians.raw()` or returned by `turbogs.ply.read_ply`)."""
     means = to_numpy(params["means"]).reshape(-1, 3)
     n = means.shape[0]
     log_scales = to_numpy(params["scales"]).reshape(n, 3)
-    rotations = quats_to_rotations(to_numpy(params["quats"]).reshape(n, 4))
+    rotations = qvec_to_rotmat(to_numpy(params["quats"]).reshape(n, 4), dtype=np.float32)
     with np.errstate(over="ignore"):
         scales = np.exp(log_scales)
     # R S S R^T == (R S)(R S)^T; R S scales the columns of R.

@@ -80,17 +80,23 @@ class ColmapModel:
 # --- geometry ------------------------------------------------------------------------
 
 
-def qvec_to_rotmat(qvec: np.ndarray) -> np.ndarray:
-    """Unit quaternion (w, x, y, z) -> 3x3 rotation matrix. The input is normalised first,
-    as COLMAP does, so a slightly denormalised file still gives a rotation."""
-    w, x, y, z = np.asarray(qvec, dtype=np.float64) / np.linalg.norm(qvec)
-    return np.array(
+def qvec_to_rotmat(qvec: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Quaternions (w, x, y, z) [..., 4] -> rotation matrices [..., 3, 3], in `dtype` throughout.
+    The input is normalised first, as COLMAP does, so a slightly denormalised file still gives a
+    rotation. (The viewer converts millions of Gaussians with it in float32; the torch twin for
+    training is turbogs.kernels.projection_torch.quat_to_rotmat.)"""
+    q = np.asarray(qvec, dtype=dtype)
+    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+    w, x, y, z = np.moveaxis(q, -1, 0)
+    rotations = np.stack(
         [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        axis=-1,
+    )  # fmt: skip
+    return rotations.reshape(q.shape[:-1] + (3, 3))
 
 
 def world_to_cam(image: ColmapImage) -> np.ndarray:

@@ -15,7 +15,6 @@ Frames whose image is missing are skipped and counted; the loader warns once.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from turbogs.atomic import read_json
 from turbogs.data.images import Intrinsics, ViewSpec, find_mask, is_file
 from turbogs.errors import InputError
 
@@ -39,18 +39,6 @@ class FrameSet:
     views: List[ViewSpec] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)  # file_path values with no image
     source: Optional[Path] = None
-
-
-def read_json(path: Path) -> Dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: invalid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def _frames(data: Dict[str, Any], path: Path) -> List[Dict[str, Any]]:

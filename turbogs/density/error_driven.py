@@ -39,17 +39,9 @@ The budget, `budget_at(progress)`, rises linearly from the starting count to
 wall-clock budget, so every schedule here is a function of the elapsed fraction
 `progress` in [0, 1], not of the step number.
 
-A trainer step (see `ErrorDrivenDensity.after_backward` for the exact call):
-
-    probe = strategy.make_probe(len(gaussians), device) if strategy.needs_blame(progress) else None
-    out = render(gaussians, camera, tile_mask=sample.tile_mask, extra_features=probe)
-    loss, tile_errors = tile_loss(out.image, gt, sample.tile_ids, mask)
-    if probe is not None:
-        err = pixel_error(out.image, gt, sample.tile_mask, mask)
-        loss = loss + blame_term(out, err, sample.tile_mask)
-    loss.backward()
-    stats = strategy.after_backward(state, step, gaussians, optimizers, out, W, H, extent,
-                                    blame=None if probe is None else probe.grad, progress=progress)
+In the trainer's hooks (turbogs/density/base.py): `render_features` is the probe (while the
+statistics are used), `extra_loss` the blame term, and `after_backward` reads the probe's
+gradient.
 """
 
 from __future__ import annotations
@@ -62,9 +54,10 @@ import torch
 from torch import Tensor
 
 from turbogs.density import rows
+from turbogs.density.base import DensityConfig, DensityStep, Strategy
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.render import TILE_SIZE, tile_grid
+from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -76,20 +69,6 @@ def make_probe(n: int, device=None, dtype=torch.float32) -> Tensor:
     """The zero [N, 2] leaf to render as `extra_features`; after backward its `.grad` holds
     (blame, coverage) per Gaussian. Zero, so that the blame term changes no other gradient."""
     return torch.zeros(n, PROBE_CHANNELS, device=device, dtype=dtype, requires_grad=True)
-
-
-def sampled_pixels(tile_mask: Optional[Tensor], width: int, height: int, device=None,
-                   tile_size: int = TILE_SIZE) -> Tensor:
-    """[H, W] bool: True at the pixels of the sampled tiles (everywhere when tile_mask is None)."""
-    if tile_mask is None:
-        return torch.ones(height, width, dtype=torch.bool, device=device)
-    tile_width, tile_height = tile_grid(width, height, tile_size)
-    if tuple(tile_mask.shape) != (tile_height, tile_width):
-        raise ValueError(f"tile_mask has shape {tuple(tile_mask.shape)}, expected {(tile_height, tile_width)} "
-                         f"for a {width}x{height} image")
-    tile_mask = tile_mask.to(device=device, dtype=torch.bool)
-    full = tile_mask.repeat_interleave(tile_size, dim=0).repeat_interleave(tile_size, dim=1)
-    return full[:height, :width]
 
 
 @torch.no_grad()
@@ -135,7 +114,7 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
     """[N] bool: visible Gaussians whose screen box (center +- radius, the renderer's tile
     rule) overlaps at least one sampled tile, i.e. that were given a chance to contribute.
     One summed-area table of the tile mask answers every box in O(1)."""
-    tile_width, tile_height = tile_grid(width, height, tile_size)
+    tile_height, tile_width = tile_grid(height, width, tile_size)
     device = means2d.device
     if tile_mask is None:
         tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
@@ -156,8 +135,10 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
 
 
 @dataclass
-class ErrorDensityConfig:
+class ErrorDensityConfig(DensityConfig):
     """Schedules are fractions of the run's progress in [0, 1]."""
+
+    name = "error"
 
     densify_from: float = 0.02  # densify while densify_from <= progress < densify_until
     densify_until: float = 0.7
@@ -193,8 +174,11 @@ class ErrorDensityConfig:
         for name in ("grow_ratio", "percent_dense", "prune_opacity", "prune_min_scale", "hidden_weight"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
 
+    def build(self) -> "ErrorDrivenDensity":
+        return ErrorDrivenDensity(self)
 
-class ErrorDrivenDensity:
+
+class ErrorDrivenDensity(Strategy):
     """Blame-driven clone / split, opacity / size / visibility pruning, under a budget.
 
     `state` is a dict of per-Gaussian [N] tensors, kept in step with the rows by passing it
@@ -203,8 +187,6 @@ class ErrorDrivenDensity:
       weight   sum over the window of sum_p w_i(p) (coverage)
       exposed  number of steps in the window whose sampled tiles the Gaussian overlapped
     """
-
-    make_probe = staticmethod(make_probe)
 
     def __init__(self, config: Optional[ErrorDensityConfig] = None):
         self.config = config or ErrorDensityConfig()
@@ -239,38 +221,31 @@ class ErrorDrivenDensity:
         return step > 0 and step % cfg.densify_every == 0 and cfg.densify_from <= float(progress) < cfg.densify_until
 
     # --- hooks --------------------------------------------------------------------
-    def before_backward(self, state: Dict[str, Tensor], render_out) -> None:
-        """Part of the strategy interface; nothing to do here: the blame arrives in the
-        probe's gradient, which autograd keeps because the probe is a leaf."""
+    def render_features(self, n: int, progress: float, device=None) -> Optional[Tensor]:
+        """The probe while this step's statistics are used, else None."""
+        return make_probe(n, device) if self.needs_blame(progress) else None
+
+    def extra_loss(self, render_out, gt: Tensor, tile_mask: Optional[Tensor], mask: Optional[Tensor]) -> Optional[Tensor]:
+        """The blame term (value 0) when the probe was rendered."""
+        if render_out.extra is None:
+            return None
+        return blame_term(render_out, pixel_error(render_out.image, gt, tile_mask, mask), tile_mask)
 
     @torch.no_grad()
-    def after_backward(
-        self,
-        state: Dict[str, Tensor],
-        step: int,
-        gaussians: Gaussians,
-        optimizers: rows.Optimizers,
-        render_out,
-        width: int,
-        height: int,
-        scene_extent: float,
-        blame: Optional[Tensor] = None,
-        progress: Optional[float] = None,
-    ) -> Dict[str, object]:
-        """Add this step's blame to the window; on schedule, prune, grow and decay.
-
-        step: the 1-based number of the step whose backward just ran.
-        blame: the probe's gradient [N, 2] (required while needs_blame(progress)).
-        progress: the elapsed fraction of the run in [0, 1].
+    def after_backward(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:
+        """Add this step's blame (the probe's gradient [N, 2] in step_info.features, required
+        while needs_blame(progress)) to the window; on schedule, prune, grow and decay.
         Updates `state` (and, when densifying, the Gaussians and optimizers) in place and
         returns what happened, for logging."""
-        if progress is None:
-            raise ValueError("ErrorDrivenDensity.after_backward needs progress (the elapsed fraction of the run)")
+        step, progress, gaussians = step_info.step, step_info.progress, step_info.gaussians
+        probe = step_info.features
+        blame = None if probe is None else probe.grad
         stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
         if self.needs_blame(progress):
-            self._accumulate(state, gaussians, render_out, width, height, blame)
+            self._accumulate(state, gaussians, step_info.render, step_info.width, step_info.height, blame)
             if self.should_densify(step, progress):
-                stats.update(self.densify_and_prune(state, gaussians, optimizers, scene_extent, progress))
+                stats.update(self.densify_and_prune(state, gaussians, step_info.optimizers, step_info.scene_extent,
+                                                    progress))
         stats["n_gaussians"] = len(gaussians)
         stats["budget"] = self.budget_at(progress)
         return stats

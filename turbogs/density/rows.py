@@ -32,6 +32,7 @@ from typing import Dict, Mapping, Optional
 import torch
 
 from turbogs.gaussians import PARAM_NAMES, Gaussians
+from turbogs.kernels.projection_torch import quat_to_rotmat
 
 Optimizers = Mapping[str, torch.optim.Optimizer]
 Extra = Optional[Dict[str, torch.Tensor]]
@@ -209,16 +210,3 @@ def set_values(gaussians: Gaussians, optimizers: Optimizers, name: str, values: 
         for key, value in optimizers[name].state.get(param, {}).items():
             if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n:
                 value.zero_()
-
-
-def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [N, 3, 3] from quaternions [N, 4] (w, x, y, z; any norm)."""
-    w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
-    return torch.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    ).reshape(-1, 3, 3)

@@ -14,15 +14,7 @@ happened, too big ones too (in world space, and on screen). Every
 remove the Gaussians the following steps do not make opaque again (floaters).
 
 Step convention (INRIA's): `step` is the 1-based number of the step whose backward
-pass just ran. Call order in the trainer:
-
-    state = strategy.initial_state(len(gaussians))
-    ...  out = render(...); strategy.before_backward(state, out); loss.backward()
-    stats = strategy.after_backward(state, step, gaussians, optimizers, out, W, H, extent)
-    for opt in optimizers.values(): opt.step(); opt.zero_grad()
-
-`state` is a plain dict of per-Gaussian tensors; the strategy keeps it in step with
-the rows by passing it through `turbogs.density.rows` as `extra`.
+pass just ran. The hooks and their order: turbogs/density/base.py.
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from typing import Dict, Optional
 import torch
 
 from turbogs.density import rows
+from turbogs.density.base import DensityConfig, DensityStep, Strategy
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
 
@@ -40,8 +33,10 @@ INRIA_TOTAL_STEPS = 30_000  # the run length INRIA's schedule was tuned for
 
 
 @dataclass
-class VanillaDensityConfig:
+class VanillaDensityConfig(DensityConfig):
     """INRIA's defaults, tuned for 30k steps; use `scaled(total_steps)` for shorter runs."""
+
+    name = "3dgs"
 
     grad_threshold: float = 0.0002  # mean NDC gradient norm that triggers growth
     densify_from: int = 500  # densify only at steps > this ...
@@ -61,6 +56,9 @@ class VanillaDensityConfig:
                 raise InputError(f"density setting {name} must be at least 1, got {getattr(self, name)}")
         if self.max_gaussians is not None and self.max_gaussians < 1:
             raise InputError(f"density setting max_gaussians must be at least 1 (or unset), got {self.max_gaussians}")
+
+    def build(self) -> "VanillaDensity":
+        return VanillaDensity(self)
 
     def scaled(self, total_steps: int) -> "VanillaDensityConfig":
         """The schedule for a run of `total_steps` (<= 30k), for short CPU runs and benchmarks.
@@ -87,7 +85,7 @@ class VanillaDensityConfig:
         )
 
 
-class VanillaDensity:
+class VanillaDensity(Strategy):
     """The 3DGS clone / split / prune / opacity-reset schedule."""
 
     def __init__(self, config: Optional[VanillaDensityConfig] = None):
@@ -111,23 +109,12 @@ class VanillaDensity:
             render_out.means2d.retain_grad()
 
     @torch.no_grad()
-    def after_backward(
-        self,
-        state: Dict[str, torch.Tensor],
-        step: int,
-        gaussians: Gaussians,
-        optimizers: rows.Optimizers,
-        render_out,
-        width: int,
-        height: int,
-        scene_extent: float,
-        blame: Optional[torch.Tensor] = None,
-        progress: Optional[float] = None,
-    ) -> Dict[str, object]:
-        """Accumulate this view's statistics; on schedule, densify, prune and reset.
-        Updates `state` in place and returns what happened, for logging. `blame` and
-        `progress` belong to the error-driven strategy's interface and are unused here."""
+    def after_backward(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, object]:
+        """Accumulate this view's statistics; on schedule (by step number), densify, prune
+        and reset. Updates `state` in place and returns what happened, for logging."""
         cfg = self.config
+        step, gaussians, optimizers = step_info.step, step_info.gaussians, step_info.optimizers
+        render_out, width, height, scene_extent = step_info.render, step_info.width, step_info.height, step_info.scene_extent
         stats = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0, "opacity_reset": False}
         if step < cfg.densify_until:
             self._accumulate(state, gaussians, render_out, width, height)

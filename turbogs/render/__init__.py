@@ -1,8 +1,8 @@
 """Render Gaussians into one camera: the one entry point of the rasterization chain.
 
-`render()` strings the four ops of `turbogs.ops` together (project -> SH colors -> tile
-intersections -> compositing). It never looks at the device; `turbogs.ops` sends the work
-to gsplat's CUDA kernels or to the torch twins in `torch_backend`.
+`render()` strings the four ops of `turbogs.kernels` together (project -> SH colors -> tile
+intersections -> compositing). It never looks at the device; `turbogs.kernels` sends the
+work to gsplat's CUDA kernels or to the torch twins in `kernels/raster_torch.py`.
 
 With a `tile_mask`, only the selected 16x16 tiles are composited: the other tiles' pairs
 are dropped before rasterization, and their pixels are undefined (zero on the CPU,
@@ -12,16 +12,16 @@ background on the GPU). Never read them or let a loss touch them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from turbogs import ops
+from turbogs import kernels
 from turbogs.data.scene import Camera
 from turbogs.gaussians import Gaussians, num_sh_bases
+from turbogs.tiles import TILE_SIZE, tile_grid
 
-TILE_SIZE = 16
 EPS2D = 0.3  # screen-space blur added to every splat, as in gsplat and INRIA's 3DGS
 
 
@@ -35,11 +35,6 @@ class RenderOutput:
     depths: Tensor  # [N] camera-space z (0 where not visible)
     visible: Tensor  # [N] bool
     tile_mask: Optional[Tensor]  # [TH, TW] bool, the tiles that were composited
-
-
-def tile_grid(width: int, height: int, tile_size: int = TILE_SIZE) -> Tuple[int, int]:
-    """(tile_width, tile_height): the number of tile columns and rows covering the image."""
-    return (width + tile_size - 1) // tile_size, (height + tile_size - 1) // tile_size
 
 
 def render(
@@ -64,7 +59,7 @@ def render(
     means = gaussians.means
     device, dtype = means.device, means.dtype
     width, height = camera.width, camera.height
-    tile_width, tile_height = tile_grid(width, height)
+    tile_height, tile_width = tile_grid(height, width)
     degree = gaussians.active_sh_degree if sh_degree is None else sh_degree
     if not 0 <= degree <= gaussians.sh_degree:
         raise ValueError(f"sh_degree {degree} is outside 0..{gaussians.sh_degree} stored in the Gaussians")
@@ -82,7 +77,7 @@ def render(
 
     viewmat = camera.world_to_cam.to(device=device, dtype=dtype)
     K = camera.K.to(device=device, dtype=dtype)
-    radii_xy, means2d, depths, conics = ops.project(
+    radii_xy, means2d, depths, conics = kernels.project(
         means, gaussians.quats, gaussians.scales, viewmat, K, width, height, near_plane, far_plane, EPS2D
     )
     if means2d.requires_grad:
@@ -91,7 +86,7 @@ def render(
     # View-dependent color, as in 3DGS: SH evaluated along camera-center -> Gaussian.
     dirs = means - camera.center.to(device=device, dtype=dtype)
     coeffs = gaussians.sh[:, : num_sh_bases(degree)]
-    colors = torch.clamp_min(ops.spherical_harmonics(degree, dirs, coeffs) + 0.5, 0.0)
+    colors = torch.clamp_min(kernels.spherical_harmonics(degree, dirs, coeffs) + 0.5, 0.0)
 
     if background is not None:
         background = background.to(device=device, dtype=dtype).reshape(3)
@@ -102,10 +97,10 @@ def render(
         if background is not None:
             background = torch.cat([background, background.new_zeros(num_extra)])
 
-    isect_offsets, flatten_ids = ops.intersect_tiles(
+    isect_offsets, flatten_ids = kernels.intersect_tiles(
         means2d, radii_xy, depths, TILE_SIZE, tile_width, tile_height, tile_mask
     )
-    pixels, alpha = ops.rasterize(
+    pixels, alpha = kernels.rasterize(
         means2d, conics, colors, gaussians.opacities, width, height, TILE_SIZE,
         isect_offsets, flatten_ids, background, tile_mask,
     )

@@ -39,8 +39,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from turbogs import ops
+from turbogs import kernels
 from turbogs.errors import TurboGSError
+from turbogs.tiles import TILE_SIZE
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -49,7 +50,7 @@ def _is_power_of_two(n: int) -> bool:
 
 @dataclass
 class LossConfig:
-    tile_size: int = 16  # must equal the renderer's and the sampler's tile size
+    tile_size: int = TILE_SIZE  # training needs the renderer's tiles (the Trainer checks); tests vary it
     lambda_ssim: float = 0.2
     lambda_ncc: float = 0.1
     ssim_patch: int = 8  # SSIM block size inside a tile (power of two dividing tile_size)
@@ -77,51 +78,6 @@ class LossConfig:
         for name in ("ncc_eps", "ncc_std_ref", "ssim_c1", "ssim_c2"):
             if not getattr(self, name) > 0:
                 raise TurboGSError(f"loss config: {name} must be > 0, got {getattr(self, name)}")
-
-
-# --- tile geometry ---------------------------------------------------------------------
-
-
-def tile_grid_shape(height: int, width: int, tile_size: int = 16) -> Tuple[int, int]:
-    """(TH, TW): tile rows and columns covering an image; the last ones may be partial."""
-    return (height + tile_size - 1) // tile_size, (width + tile_size - 1) // tile_size
-
-
-def tile_pixel_index(tile_ids: Tensor, height: int, width: int, tile_size: int = 16) -> Tuple[Tensor, Tensor]:
-    """Where each pixel of each listed tile lives in a row-major [H, W] image.
-
-    Returns flat [K, ts, ts] int64 indices into H*W and valid [K, ts, ts] bool. Pixels past
-    the image border (partial tiles) and all pixels of ids outside the grid are invalid;
-    their index is clamped to a pixel of the same tile so that it is always safe to read.
-    """
-    _, tile_width = tile_grid_shape(height, width, tile_size)
-    num_tiles = tile_width * ((height + tile_size - 1) // tile_size)
-    ids = tile_ids.to(torch.int64)
-    in_grid = (ids >= 0) & (ids < num_tiles)
-    ids = torch.where(in_grid, ids, torch.zeros_like(ids))
-    offsets = torch.arange(tile_size, device=ids.device)
-    y = (ids // tile_width)[:, None, None] * tile_size + offsets[None, :, None]  # [K, ts, 1]
-    x = (ids % tile_width)[:, None, None] * tile_size + offsets[None, None, :]  # [K, 1, ts]
-    valid = (y < height) & (x < width) & in_grid[:, None, None]
-    flat = y.clamp(max=height - 1) * width + x.clamp(max=width - 1)
-    return flat, valid
-
-
-def gather_tiles(image: Tensor, tile_ids: Tensor, tile_size: int = 16) -> Tuple[Tensor, Tensor]:
-    """The pixels of the listed tiles: [K, ts, ts, C] values and [K, ts, ts] validity.
-
-    Only the listed tiles' pixels are read. Invalid positions hold a copy of a valid pixel
-    of the same tile; callers must mask them (see `valid`)."""
-    height, width = image.shape[:2]
-    flat, valid = tile_pixel_index(tile_ids, height, width, tile_size)
-    values = image.reshape(height * width, -1)[flat]
-    return values, valid
-
-
-def all_tile_ids(height: int, width: int, tile_size: int = 16, device=None) -> Tensor:
-    """Every tile of an image, for a dense loss or a full-image error refresh."""
-    tile_rows, tile_cols = tile_grid_shape(height, width, tile_size)
-    return torch.arange(tile_rows * tile_cols, dtype=torch.int64, device=device)
 
 
 # --- the loss --------------------------------------------------------------------------
@@ -156,4 +112,4 @@ class TileLoss:
         if mask is not None:
             mask = mask.to(device=device, dtype=dtype)
         tile_ids = tile_ids.to(device=device, dtype=torch.int64)
-        return ops.tile_loss(render, gt, tile_ids, mask, self.config)
+        return kernels.tile_loss(render, gt, tile_ids, mask, self.config)

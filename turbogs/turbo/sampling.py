@@ -27,14 +27,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from turbogs import ops
+from turbogs import kernels
 from turbogs.errors import TurboGSError
-from turbogs.turbo.losses import tile_grid_shape
+from turbogs.tiles import TILE_SIZE, tile_grid
 
 
 @dataclass
 class SamplerConfig:
-    tile_size: int = 16
+    tile_size: int = TILE_SIZE  # fixed: the renderer's tiles (the Trainer checks)
     gamma: float = 1.0  # tile weight = error^gamma + floor; higher = greedier
     tile_floor: float = 0.1  # uniform floor per tile, as a fraction of the view's mean error^gamma
     view_floor: float = 0.1  # floor per view, as a fraction of the mean view error
@@ -87,7 +87,7 @@ class ErrorMemory:
     average. The set of views is fixed at construction.
     """
 
-    def __init__(self, image_sizes: Sequence[Tuple[int, int]], tile_size: int = 16, ema_decay: float = 0.7,
+    def __init__(self, image_sizes: Sequence[Tuple[int, int]], tile_size: int = TILE_SIZE, ema_decay: float = 0.7,
                  device="cpu"):
         """image_sizes: (height, width) of each training view, in view order."""
         if len(image_sizes) == 0:
@@ -97,7 +97,7 @@ class ErrorMemory:
         self.image_sizes: List[Tuple[int, int]] = [(int(h), int(w)) for h, w in image_sizes]
         self.tile_size = int(tile_size)
         self.ema_decay = float(ema_decay)
-        self.grids: List[Tuple[int, int]] = [tile_grid_shape(h, w, self.tile_size) for h, w in self.image_sizes]
+        self.grids: List[Tuple[int, int]] = [tile_grid(h, w, self.tile_size) for h, w in self.image_sizes]
         counts = [rows * cols for rows, cols in self.grids]
         device = torch.device(device)
         self.tile_counts = torch.tensor(counts, dtype=torch.int64, device=device)
@@ -139,7 +139,7 @@ class ErrorMemory:
             raise ValueError(f"{tile_ids.numel()} tile ids but {tile_errors.numel()} tile errors")
         if tile_ids.numel() == 0:
             return
-        ops.error_memory_update(self.errors, view, self.num_tiles(view), tile_ids, tile_errors, self.ema_decay)
+        kernels.error_memory_update(self.errors, view, self.num_tiles(view), tile_ids, tile_errors, self.ema_decay)
 
     def view_error(self, view: int) -> Tensor:
         """[TH, TW] copy of a view's tile errors (+inf = never rendered), e.g. for a heatmap."""
@@ -184,16 +184,15 @@ class ErrorMemory:
 
 @dataclass
 class TileSample:
-    """What to render this step."""
+    """What to render this step: a view and, when sampling tiles, which of its tiles."""
 
     view: int  # index into the training views
-    tile_ids: Tensor  # [K] int64, ascending, unique: ids ty * TW + tx of the view's grid
-    tile_mask: Tensor  # [TH, TW] bool, True at tile_ids (for render(..., tile_mask=))
-    fraction: float  # the scheduled share of the view's tiles that K came from
+    tile_ids: Optional[Tensor] = None  # [K] int64, ascending, unique: ids ty * TW + tx; None = every tile
+    tile_mask: Optional[Tensor] = None  # [TH, TW] bool, True at tile_ids (for render(..., tile_mask=))
 
 
 class TileSampler:
-    """Chooses a view and its tiles from an ErrorMemory (Gumbel-top-k, see _torch_impl).
+    """Chooses a view and its tiles from an ErrorMemory (Gumbel-top-k, see kernels/turbo_torch.py).
 
     View v is drawn with probability proportional to m_v + view_floor * mean(m), m_v being
     the mean error of its seen tiles; views that still have unseen tiles come first.
@@ -226,19 +225,19 @@ class TileSampler:
         memory, config = self.memory, self.config
         device = memory.device
         view_uniforms = torch.rand(memory.num_views, generator=self.generator, device=device)
-        view_keys = ops.view_sample_keys(memory.errors, memory.tile_counts, config.view_floor, view_uniforms)
+        view_keys = kernels.view_sample_keys(memory.errors, memory.tile_counts, config.view_floor, view_uniforms)
         view = int(torch.argmax(view_keys))
 
         total = memory.num_tiles(view)
         k = self.tiles_per_step(view, progress)
         tile_uniforms = torch.rand(total, generator=self.generator, device=device)
-        tile_keys = ops.tile_sample_keys(memory.errors[view, :total], config.gamma, config.tile_floor, tile_uniforms)
+        tile_keys = kernels.tile_sample_keys(memory.errors[view, :total], config.gamma, config.tile_floor, tile_uniforms)
         tile_ids = torch.topk(tile_keys, k, sorted=False).indices.sort().values
 
         rows, cols = memory.grid(view)
         tile_mask = torch.zeros(rows * cols, dtype=torch.bool, device=device)
         tile_mask[tile_ids] = True
-        return TileSample(view, tile_ids, tile_mask.reshape(rows, cols), config.fraction_at(progress))
+        return TileSample(view, tile_ids, tile_mask.reshape(rows, cols))
 
     def state_dict(self) -> Dict:
         return {"generator": self.generator.get_state()}

@@ -6,6 +6,14 @@ Every op below has two implementations with the same signature and semantics:
 
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device.
+
+    raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
+    projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
+    raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
+    turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
+    turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
+
+Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_size=TILE_SIZE.
 """
 
 from __future__ import annotations
@@ -14,18 +22,15 @@ from functools import lru_cache
 
 import torch
 
+from turbogs.kernels import raster_gsplat, raster_torch, turbo_cuda, turbo_torch
+
 
 def on_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-@lru_cache(maxsize=None)
 def _render_backend(cuda: bool):
-    if cuda:
-        from turbogs.render import gsplat_backend as backend
-    else:
-        from turbogs.render import torch_backend as backend
-    return backend
+    return raster_gsplat if cuda else raster_torch
 
 
 # --- the rasterization chain ------------------------------------------------------
@@ -65,21 +70,16 @@ def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isec
 
 
 # --- TurboGS ops ---
-# Error memory, tile sampling and the sparse tile loss: turbogs.turbo._cuda (kernels of
+# Error memory, tile sampling and the sparse tile loss: turbo_cuda (kernels of
 # turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs when it can be
-# loaded, else the twins in turbogs.turbo._torch_impl. Semantics: see _torch_impl.
+# loaded, else the twins in turbo_torch. Semantics: see turbo_torch.
 
 
 @lru_cache(maxsize=None)
 def _turbo_backend(cuda: bool):
-    if cuda:
-        from turbogs.turbo import _cuda
-
-        if _cuda.available():
-            return _cuda
-    from turbogs.turbo import _torch_impl
-
-    return _torch_impl
+    if cuda and turbo_cuda.available():
+        return turbo_cuda
+    return turbo_torch
 
 
 def _turbo_for(t: torch.Tensor):
@@ -103,5 +103,5 @@ def tile_sample_keys(errors_row, gamma, tile_floor, uniforms):
 
 
 def tile_loss(render, gt, tile_ids, mask, params):
-    """(loss, tile_errors [K]) of the sampled tiles; `params` is a turbo.losses.LossConfig."""
+    """(loss, tile_errors [K]) of the sampled tiles; `params` is a turbogs.turbo.losses.LossConfig."""
     return _turbo_for(render).tile_loss(render, gt, tile_ids, mask, params)

@@ -1,7 +1,7 @@
 """The pure-PyTorch rasterization chain: the CPU path and the oracle for the CUDA one.
 
 Every function mirrors one of gsplat 1.5.3's CUDA ops for a single camera, with the same
-conventions, so that `turbogs.ops` can pick either by device:
+conventions, so that `turbogs.kernels` can pick either by device:
 
 - `project`: EWA splatting of 3D Gaussians (gsplat's `fully_fused_projection`),
 - `spherical_harmonics`: view-dependent color,
@@ -10,7 +10,7 @@ conventions, so that `turbogs.ops` can pick either by device:
 - `rasterize`: front-to-back alpha compositing, tile by tile, differentiable through a
   hand-written backward (gsplat's own torch rasterizer needs CUDA).
 
-All of them work on whatever device their inputs are on; `turbogs.ops` sends them CPU
+All of them work on whatever device their inputs are on; `turbogs.kernels` sends them CPU
 tensors. tests/test_render.py checks them against per-pixel brute force with autograd.
 """
 
@@ -21,12 +21,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from gsplat.cuda._torch_impl import (
-    _persp_proj,
-    _quat_scale_to_covar_preci,
-    _spherical_harmonics,
-    _world_to_cam,
-)
+from turbogs.kernels.projection_torch import covariance, perspective_projection, world_to_camera
+from turbogs.kernels.projection_torch import spherical_harmonics as _spherical_harmonics
 
 # The constants of gsplat's CUDA kernels.
 RADIUS_EXTENT = 3.33  # a Gaussian's screen radius, in standard deviations
@@ -69,16 +65,14 @@ def project(
     Gaussians (outside near/far, degenerate, or off the image) get radii 0 and zeros
     elsewhere, as the CUDA backend reports them.
     """
-    covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_covar=True, compute_preci=False)
-    means_c, covars_c = _world_to_cam(means, covars, viewmat[None])  # [1, N, 3], [1, N, 3, 3]
-    depths = means_c[0, :, 2]
+    means_c, covars_c = world_to_camera(means, covariance(quats, scales), viewmat)
+    depths = means_c[:, 2]
     in_depth = (depths >= near_plane) & (depths <= far_plane)
     # Gaussians outside the depth range are projected from a harmless stand-in point, so
     # that one at the camera's plane cannot put inf * 0 = NaN into the gradients.
     stand_in = torch.tensor([0.0, 0.0, 1.0], dtype=means.dtype, device=means.device)
-    means_c = torch.where(in_depth[:, None], means_c[0], stand_in)[None]
-    means2d, cov2d = _persp_proj(means_c, covars_c, K[None], width, height)
-    means2d, cov2d = means2d[0], cov2d[0]
+    means_c = torch.where(in_depth[:, None], means_c, stand_in)
+    means2d, cov2d = perspective_projection(means_c, covars_c, K, width, height)
 
     # Low-pass filter: every splat covers at least about a pixel.
     var_x = cov2d[:, 0, 0] + eps2d

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from turbogs.turbo.losses import gather_tiles
+from turbogs.tiles import gather_tiles
 
 # log(weight) lies in [log(TINY), log(max error)] ~ [-46, 40] and G(u) in [-3.4, 16.7]
 # for the clamped u, so unseen keys (UNSEEN_KEY + G) always sort above seen ones.

@@ -1,7 +1,7 @@
-"""The CUDA kernels of turbogs._C behind the signatures of `_torch_impl`.
+"""The CUDA kernels of turbogs._C behind the signatures of their twins in `turbo_torch`.
 
 `turbogs._C` comes from setup.py, or is compiled just in time from cuda/ on first use
-(cuda/build.py). `available()` says whether either worked; turbogs.ops falls back to the
+(cuda/build.py). `available()` says whether either worked; turbogs.kernels falls back to the
 torch twins when it did not. Sampling: the kernels compute the Gumbel keys; the caller
 takes argmax / torch.topk of them, exactly as on the twin path.
 """
@@ -15,9 +15,18 @@ from pathlib import Path
 
 import torch
 
-from turbogs.turbo import _torch_impl
+from turbogs.kernels import turbo_torch
 
-_BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "cuda" / "build.py"
+_PACKAGE = Path(__file__).resolve().parents[1]  # turbogs/
+
+
+def build_script() -> Path:
+    """cuda/build.py: shipped as package data (turbogs/cuda/) in an installed TurboGS, at the
+    top of the repository in a source checkout."""
+    for candidate in (_PACKAGE / "cuda" / "build.py", _PACKAGE.parent / "cuda" / "build.py"):
+        if candidate.is_file():
+            return candidate
+    return _PACKAGE / "cuda" / "build.py"
 
 
 @lru_cache(maxsize=None)
@@ -28,9 +37,10 @@ def _module():
         return _C
     except ImportError:
         pass
-    if not _BUILD_SCRIPT.is_file():
-        raise ImportError(f"turbogs._C is not installed and {_BUILD_SCRIPT} is missing")
-    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", _BUILD_SCRIPT)
+    script = build_script()
+    if not script.is_file():
+        raise ImportError(f"turbogs._C is not installed and {script} is missing")
+    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", script)
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     return build.load_jit()
@@ -91,7 +101,7 @@ class _TileLossFunction(torch.autograd.Function):
         args = _param_args(params)
         tile_loss, tile_weight = _module().tile_loss_forward(render, gt, mask, tile_ids, *args)
         total = tile_weight.sum()
-        loss = _torch_impl._safe_div((tile_weight * tile_loss).sum(), total)
+        loss = turbo_torch._safe_div((tile_weight * tile_loss).sum(), total)
         ctx.save_for_backward(render, gt, tile_ids, mask, tile_weight, total)
         ctx.args = args
         ctx.mark_non_differentiable(tile_loss)
@@ -101,7 +111,7 @@ class _TileLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_tile_loss):
         render, gt, tile_ids, mask, tile_weight, total = ctx.saved_tensors
         # dLoss/dL_i = N_i / sum(N): the weighted mean of the forward pass.
-        tile_scale = _torch_impl._safe_div(grad_loss * tile_weight, total).float().contiguous()
+        tile_scale = turbo_torch._safe_div(grad_loss * tile_weight, total).float().contiguous()
         grad_render = _module().tile_loss_backward(render, gt, mask, tile_ids, tile_scale, *ctx.args)
         return grad_render, None, None, None, None
 

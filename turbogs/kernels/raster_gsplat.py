@@ -1,6 +1,6 @@
 """The CUDA rasterization chain: thin wrappers over gsplat 1.5.3's low-level kernels.
 
-Each function has the signature and semantics of its twin in `torch_backend` (one camera,
+Each function has the signature and semantics of its twin in `raster_torch` (one camera,
 no batch dimensions); here we only add and remove gsplat's leading camera dimension.
 gsplat is imported inside the functions so that importing this module never touches CUDA.
 """
@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
-from turbogs.render.torch_backend import zero_culled
+from turbogs.kernels.raster_torch import zero_culled
 
 
 def project(

@@ -1,0 +1,47 @@
+"""`turbogs bench`: train presets side by side and compare their time to quality.
+
+Every preset trains on the same scene load (same train/test split, resolution and seed)
+with the same `Trainer` that `turbogs train` uses. Only the training steps are timed:
+building the trainer, evaluating and writing files are outside the clock, and on CUDA
+the clock is read only after the GPU has finished the step. At fixed points of the run
+the test views are evaluated (PSNR, SSIM, and LPIPS when its weights are on disk).
+
+Two ways to size a run, each preset configured as `turbogs train --preset P` with the
+same flag would be:
+
+- `--steps N`: a step-based run, every schedule scaled to N steps
+  (`TrainConfig.scaled_to(N)`, no time budget); evaluations every N/K steps.
+- `--budget-seconds S`: the trainer's time budget (`TrainConfig.budget_seconds`): the
+  schedules follow the fraction of the S seconds spent, and the run ends after S
+  seconds of training time (or at the preset's step cap, if that comes first).
+  Evaluations when the training time passes S/K, 2S/K, ..., S.
+
+A preset named `P@N` runs N steps whatever the bench's sizing (`turbo,3dgs@7000`: turbo's
+time budget against 3DGS at 7k steps); "speedup vs run" then says how much sooner turbo
+had what 3DGS ended with. `P+ABLATION` switches one TurboGS part off (config.ABLATIONS).
+
+Outputs in --out: bench.json, bench.md (tables) and psnr_vs_time.png (one curve per
+preset, drawn with OpenCV). `--step-cost` instead measures seconds per
+render + loss + backward with 100%, 50% and 25% of the tiles rendered (step_cost.json).
+
+Peak memory is the growth over what was in use before the preset started: on CUDA
+torch's peak allocated bytes; on the CPU the peak resident set size, sampled after
+every step and evaluation (the kernel's own peak, VmHWM, cannot be reset between
+presets). On the CPU it is approximate: memory freed by an earlier preset can be reused
+by the allocator without showing as growth.
+
+Modules: run.py (the runs, timed and metered), report.py (time to PSNR, speedups,
+bench.md), plot.py (psnr_vs_time.png), step_cost.py (--step-cost), command.py (the flags).
+"""
+
+from turbogs.bench.command import add_bench_parser, main
+from turbogs.bench.plot import CURVE_COLORS, PLOT_SIZE, draw_psnr_plot, nice_ticks
+from turbogs.bench.report import PSNR_TOLERANCE_DB, markdown_report, speedups, time_to_psnr
+from turbogs.bench.run import BenchSettings, parse_presets, run_bench, split_steps
+from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_step_cost
+
+__all__ = [
+    "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "add_bench_parser", "draw_psnr_plot", "main",
+    "markdown_report", "nice_ticks", "parse_presets", "random_tile_mask", "replicated_gaussians", "run_bench",
+    "run_step_cost", "speedups", "split_steps", "time_to_psnr",
+]

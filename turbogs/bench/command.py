@@ -1,0 +1,100 @@
+"""The `turbogs bench` subcommand: its flags and what it prints."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from turbogs.bench.report import PSNR_TOLERANCE_DB
+from turbogs.bench.run import BenchSettings, parse_presets, run_bench
+from turbogs.bench.step_cost import run_step_cost
+from turbogs.cliargs import add_device, pick_device, positive_float, positive_int, resolution_arg, run_command
+from turbogs.config import ABLATIONS, PRESETS
+from turbogs.errors import InputError
+
+# --- command line -------------------------------------------------------------------
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `bench` to the `turbogs` command line (subparsers of cli.build_parser)."""
+    p = subparsers.add_parser(
+        "bench", help="train presets side by side and compare their time to quality",
+        description="Train each preset on the same scene and split, evaluate the test views at fixed points of "
+                    "training time, and write bench.json, bench.md and psnr_vs_time.png.")
+    p.add_argument("scene", help="capture folder (COLMAP or transforms.json); every 8th image is a test view")
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)}); "
+                        f"PRESET+ABLATION switches one part off, e.g. turbo+no-ncc "
+                        f"(ablations: {', '.join(ABLATIONS)}); PRESET@N runs N steps whatever the "
+                        f"budget, e.g. turbo,3dgs@7000 races turbo's budget against 3dgs at 7k steps")
+    sizing = p.add_mutually_exclusive_group()
+    sizing.add_argument("--budget-seconds", type=positive_float, metavar="S",
+                        help="give each preset a time budget of S seconds of training (as train --budget-seconds)")
+    sizing.add_argument("--steps", type=positive_int, metavar="N",
+                        help="train each preset for N steps, without a time budget (as train --steps)")
+    p.add_argument("-r", "--resolution", type=resolution_arg,
+                   help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px)")
+    p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
+    p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white")
+    add_device(p)
+    p.add_argument("--seed", type=int, default=0, help="random seed, the same for every preset (default 0)")
+    p.add_argument("--eval-points", type=positive_int, default=8,
+                   help="evaluations on the test views during each run, evenly spaced (default 8)")
+    p.add_argument("--out", "-o", required=True, help="folder for bench.json, bench.md and psnr_vs_time.png")
+    p.add_argument("--step-cost", action="store_true",
+                   help="instead: seconds per render+loss+backward at 100%%, 50%% and 25%% of tiles (step_cost.json)")
+    p.add_argument("--step-cost-repeats", type=positive_int, default=7, help="repeats per fraction (default 7)")
+    p.add_argument("--step-cost-gaussians", type=positive_int, metavar="N",
+                   help="with --step-cost: clone the initial Gaussians up to N (default: the initial ones)")
+    p.add_argument("--step-cost-profile", action="store_true",
+                   help="with --step-cost: also write torch.profiler's costliest ops to profile.txt")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    argv = args.argv
+    if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
+        raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
+    settings = BenchSettings(
+        scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
+        steps=args.steps, budget_seconds=args.budget_seconds,
+        resolution=args.resolution, images=args.images, white_background=args.white_background,
+        device=pick_device(args.device, args.threads), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
+        command="turbogs " + shlex.join(argv),
+    )
+    if args.step_cost:
+        run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians,
+                      profile=args.step_cost_profile)
+        return 0
+    result = run_bench(settings)
+    for name, entry in result["presets"].items():
+        final = entry["points"][-1]
+        print(f"{name}: PSNR {final['psnr']:.2f} dB, SSIM {final['ssim']:.4f} after {entry['train_seconds']:.1f} s "
+              f"({entry['steps']} steps, {entry['steps_per_second']} steps/s), {entry['num_gaussians']} Gaussians")
+    for a, row in result["speedup"].items():
+        for b, s in row.items():
+            if s is None:
+                continue
+            target = f"{b}'s final {s['target_psnr']:.2f} dB (within {PSNR_TOLERANCE_DB} dB)"
+            if s["seconds"] is None:
+                print(f"{a} never reached {target}")
+            elif s["speedup"] is None:
+                print(f"{a} and {b} were both there at the start: {target}")
+            else:
+                print(f"{a} reached {target} in {s['seconds']:.1f} s, {b} first in {s['reference_seconds']:.1f} s "
+                      f"({s['speedup']:.2f}x) of its {s['reference_run_seconds']:.1f} s ({s['speedup_vs_run']:.2f}x)")
+    print(f"wrote {settings.out_dir / 'bench.json'}, bench.md and psnr_vs_time.png")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m turbogs.bench SCENE ...`: the bench command on its own, as `turbogs bench` runs it."""
+    parser = argparse.ArgumentParser(prog="turbogs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    return run_command(parser, ["bench", *map(str, sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,60 @@
+"""The optimizer as a setting: which one, how it is built per parameter, how it steps.
+
+`TrainConfig.optimizer` holds one of these configs; the trainer calls its hooks and knows
+no optimizer by name:
+
+    optimizers = cfg.optimizer.build(params, rates)      # one per parameter, as INRIA's groups
+    curvature = cfg.optimizer.estimate_curvature(...) if cfg.optimizer.wants_curvature(step) else None
+    loss.backward()
+    cfg.optimizer.step(optimizers, visible, curvature)   # step and zero the gradients
+
+One optimizer per parameter so that density control can edit each one's rows
+(turbogs/density/rows.py). Adam lives here; the hybrid optimizer's config is
+`turbogs.optim.HybridConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+Optimizers = Dict[str, torch.optim.Optimizer]
+
+
+class OptimizerConfig:
+    """Base of the optimizer settings (each a dataclass). `name` is what --optimizer takes."""
+
+    name: ClassVar[str]
+
+    def build(self, params: Mapping[str, Tensor], rates: Mapping[str, float]) -> Optimizers:
+        """One optimizer per parameter, in the order of `params`, at its learning rate."""
+        raise NotImplementedError
+
+    def wants_curvature(self, step: int) -> bool:
+        """Whether this (0-based) step should estimate curvature before its backward pass."""
+        return False
+
+    def estimate_curvature(self, rendered: Tensor, params: Mapping[str, Tensor],
+                           generator: torch.Generator) -> Optional[Dict[str, Tensor]]:
+        """Curvature estimates from the rendered pixels (before backward), per parameter."""
+        return None
+
+    def step(self, optimizers: Optimizers, visible: Tensor, curvature: Optional[Dict[str, Tensor]]) -> None:
+        """Step every optimizer and clear its gradients. `visible` [N]: the rendered rows."""
+        for optimizer in optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    """Adam with INRIA's epsilon (gradients of faint Gaussians are tiny)."""
+
+    name: ClassVar[str] = "adam"
+    eps: float = 1e-15
+
+    def build(self, params: Mapping[str, Tensor], rates: Mapping[str, float]) -> Optimizers:
+        return {name: torch.optim.Adam([param], lr=rates[name], eps=self.eps) for name, param in params.items()}
