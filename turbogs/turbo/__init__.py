@@ -2,7 +2,7 @@
 structure-aware loss (losses.py), error-driven density control and the hybrid optimizer.
 
 The error memory, sampler and loss run as CUDA kernels (turbogs._C, sources in cuda/)
-on a GPU and as their torch twins (_torch_impl.py) elsewhere; turbogs.ops chooses.
+on a GPU and as their torch twins (turbogs/kernels/turbo_torch.py) elsewhere; turbogs.kernels chooses.
 """
 
 from turbogs.turbo.losses import LossConfig, TileLoss
