@@ -149,12 +149,13 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
     assert "call 1's install and builds found" in log
 
     bench = json.loads((out / "bench" / "bench.json").read_text())
-    assert bench["device"] == "cpu" and bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
+    assert bench["device"] == "cpu" and bench["backend"] == "torch" and bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
     assert set(bench["presets"]) == {"turbo", "3dgs"}  # 3dgs@7000 kept to the dry run's steps
     assert all(entry["steps"] == 4 for entry in bench["presets"].values())
     assert cv2.imread(str(out / "bench" / "psnr_vs_time.png")) is not None
     assert json.loads((out / "bench" / "step_cost.json").read_text())["device"] == "cpu"
-    assert "self_cpu_time_total" in (out / "bench" / "profile.txt").read_text()
+    profile = (out / "bench" / "profile.txt").read_text()
+    assert "self_cpu_time_total" in profile and "== one whole training step (turbo," in profile
     # Only the few files the device tool brings back, from each call.
     for folder in (build_out, out):
         files = [p for p in folder.rglob("*") if p.is_file()]

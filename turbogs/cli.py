@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from turbogs.cliargs import (  # noqa: F401 (the argument types are part of this module's interface)
-    add_device, pick_device, port_arg, positive_float, positive_int, resolution_arg, run_command,
+    add_device, add_torch_twins, pick_device, port_arg, positive_float, positive_int, resolution_arg, run_command,
 )
 from turbogs.errors import TurboGSError
 
@@ -25,11 +25,13 @@ DEFAULT_PORT = 8080
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import kernels
     from turbogs.config import get_preset
     from turbogs.data.load import load_scene
     from turbogs.train import RunOptions, train
 
     device = pick_device(args.device, args.threads)
+    kernels.use_torch_twins(args.torch_twins)
     cfg = get_preset(args.preset)
     cfg.seed = args.seed
     if args.sh_degree is not None:
@@ -245,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold out every 8th image (name order) as a test view and report PSNR/SSIM at the end")
     p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white, render on white")
     add_device(p)
+    add_torch_twins(p)
     p.add_argument("--seed", type=int, default=0, help="random seed; a seeded CPU run is reproducible (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--overwrite", action="store_true",

@@ -65,6 +65,13 @@ def pick_device(name: str, threads: int = 1):
     return torch.device(name)
 
 
+def add_torch_twins(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--torch-twins", action="store_true",
+                   help="on CUDA, run TurboGS's own ops (error memory, sampling, tile loss) as their torch twins "
+                        "instead of the turbogs._C kernels: slower, for debugging a kernel. Without it, kernels "
+                        "that cannot be built are an error")
+
+
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")

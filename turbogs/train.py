@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from turbogs import checkpoint, model
+from turbogs import checkpoint, kernels, model
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.dense_loss import photometric_loss
@@ -34,7 +34,7 @@ from turbogs.metrics import sampled_psnr
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
-from turbogs.tiles import TILE_SIZE, sampled_pixels
+from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
@@ -154,6 +154,8 @@ class Trainer:
         self.scene, self.cfg, self.options = scene, cfg, options
         self.device = options.device
         self.log = options.log
+        if self.device.type == "cuda":
+            kernels.require_cuda_kernels()  # a missing kernel is one clear error now, not at step 1
         self.extent = scene.extent()
         self.generator = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -234,6 +236,24 @@ class Trainer:
         height, width = out.image.shape[:2]
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
         return self.cfg.optimizer.estimate_curvature(out.image[inside], self.gaussians.params, self.generator)
+
+    def warm_up(self) -> None:
+        """Untimed, before the training clock starts: one render, loss and backward of the
+        first view (every tile, so the tile loss runs too), so that the CUDA context, kernel
+        loading and libraries' lazy set-up are not paid inside the first timed step. Changes
+        no parameter, optimizer state, statistic or random stream."""
+        camera, gt = self.scene.train[0], self.train_images[0].to(self.device)
+        out = render(self.gaussians, camera, background=self.background)
+        if self.tile_loss is not None:
+            tile_rows, tile_cols = tile_grid(camera.height, camera.width)
+            every_tile = torch.arange(tile_rows * tile_cols, device=self.device)
+            loss, _ = self.tile_loss(out.image, gt, every_tile, None)
+        else:
+            loss = photometric_loss(out.image, gt, None, self.cfg.loss.lambda_ssim)
+        loss.backward()
+        for param in self.gaussians.params.values():
+            param.grad = None
+        synchronize(self.device)
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included."""
@@ -389,7 +409,8 @@ class Trainer:
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
         summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
-                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps}
+                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                   "backend": kernels.backend_name(self.device)}
         if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
             summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
@@ -429,4 +450,7 @@ def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
             if finished is not None:  # --overwrite: old checkpoints must not outrank the new run's
                 checkpoint.remove_checkpoints(out)
             write_model_preamble(scene, cfg, opt)
+        if opt.device.type == "cuda":
+            opt.log("warming up the CUDA kernels (untimed)")
+            trainer.warm_up()
         return trainer.run()

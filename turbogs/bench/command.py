@@ -11,7 +11,8 @@ from typing import List, Optional
 from turbogs.bench.report import PSNR_TOLERANCE_DB
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench
 from turbogs.bench.step_cost import run_step_cost
-from turbogs.cliargs import add_device, pick_device, positive_float, positive_int, resolution_arg, run_command
+from turbogs import kernels
+from turbogs.cliargs import add_device, add_torch_twins, pick_device, positive_float, positive_int, resolution_arg, run_command
 from turbogs.config import ABLATIONS, PRESETS
 from turbogs.errors import InputError
 
@@ -40,6 +41,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
     p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white")
     add_device(p)
+    add_torch_twins(p)
     p.add_argument("--seed", type=int, default=0, help="random seed, the same for every preset (default 0)")
     p.add_argument("--eval-points", type=positive_int, default=8,
                    help="evaluations on the test views during each run, evenly spaced (default 8)")
@@ -60,6 +62,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     argv = args.argv
     if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
         raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
+    kernels.use_torch_twins(args.torch_twins)
     settings = BenchSettings(
         scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
         steps=args.steps, budget_seconds=args.budget_seconds,

@@ -18,6 +18,7 @@ import cv2
 import torch
 from tqdm import tqdm
 
+from turbogs import kernels
 from turbogs.atomic import atomic_path, atomic_write_json, atomic_write_text
 from turbogs.bench.plot import draw_psnr_plot
 from turbogs.bench.report import PSNR_TOLERANCE_DB, fmt, markdown_report, speedups
@@ -333,6 +334,7 @@ def run_bench(settings: BenchSettings) -> dict:
         "test_views": len(scene.test),
         "resolution": settings.resolution,
         "device": str(settings.device),
+        "backend": kernels.backend_name(settings.device),
         "command": settings.command,
         "machine": machine_info(settings.device),
         "seed": settings.seed,

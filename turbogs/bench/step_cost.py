@@ -12,7 +12,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from turbogs.atomic import atomic_write_json, atomic_write_text
-from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info
+from turbogs import kernels
+from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, preset_config
 from turbogs.config import get_preset
 from turbogs.gaussians import Gaussians
 from turbogs.outdir import check_output_dir
@@ -106,6 +107,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     result = {
         "scene": str(settings.scene),
         "device": str(device),
+        "backend": kernels.backend_name(device),
         "machine": machine_info(device),
         "command": settings.command,
         "image_size": [scene.train[0].width, scene.train[0].height],
@@ -122,8 +124,11 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
         camera = scene.train[0]
         rows, cols = tile_grid(camera.height, camera.width)
         masks = {f: random_tile_mask(rows, cols, f, generator) for f in (1.0, 0.25)}
+        trainer = make_trainer(scene, preset_config(settings.presets[0], settings), settings)
         write_profile(settings.out_dir / "profile.txt", lambda f: one_step(camera, camera.image.to(device), masks[f]),
-                      device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px")
+                      device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px",
+                      trainer_step=trainer.run_step, trainer_what=f"{settings.presets[0]}, {len(trainer.gaussians)} "
+                      "Gaussians at the start of a run")
     settings.log(f"step cost on {device}, {len(gaussians)} Gaussians, {result['image_size'][0]}x"
                  f"{result['image_size'][1]} px, median of {repeats}:")
     for f in STEP_COST_FRACTIONS:
@@ -134,9 +139,12 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
 
 
 def write_profile(path: Path, step: Callable[[float], float], device: torch.device, what: str,
-                  steps: int = 3, rows: int = 25) -> None:
+                  steps: int = 3, rows: int = 25, trainer_step: Optional[Callable[[], float]] = None,
+                  trainer_what: str = "") -> None:
     """torch.profiler's costliest ops (self time on the device, else on the CPU) over a
-    few steps with all tiles and with a quarter of them."""
+    few steps with all tiles and with a quarter of them; with `trainer_step`, also one whole
+    training step (sampling, loss, backward, density control, optimizer: everything the
+    trainer does around the render), after a few untimed ones."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -147,4 +155,11 @@ def write_profile(path: Path, step: Callable[[float], float], device: torch.devi
             for _ in range(steps):
                 step(fraction)
         sections.append(f"== {fraction:.0%} of tiles\n" + prof.key_averages().table(sort_by=sort_by, row_limit=rows))
+    if trainer_step is not None:
+        for _ in range(steps):
+            trainer_step()
+        with profile(activities=activities) as prof:
+            trainer_step()
+        sections.append(f"== one whole training step ({trainer_what})\n"
+                        + prof.key_averages().table(sort_by=sort_by, row_limit=rows))
     atomic_write_text(path, "\n\n".join(sections) + "\n")

@@ -5,7 +5,10 @@ Every op below has two implementations with the same signature and semantics:
 - a readable torch twin that runs anywhere and is the test oracle.
 
 The choice is made here, from the device of the inputs, and nowhere else: no other
-module branches on the device.
+module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
+(one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
+Only an explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on CUDA;
+`backend_name()` says which ran, and results.json / bench.json record it.
 
     raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
     projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
@@ -18,11 +21,33 @@ Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_siz
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from turbogs.kernels import raster_gsplat, raster_torch, turbo_cuda, turbo_torch
+
+_twins_on_cuda = False  # --torch-twins: TurboGS's own ops run as their torch twins on CUDA too
+
+
+def use_torch_twins(enabled: bool) -> None:
+    """Ask for the torch twins of TurboGS's own ops on CUDA (slower; for debugging a kernel).
+    gsplat's rasterization chain has no such switch: on CUDA it is gsplat's or nothing."""
+    global _twins_on_cuda
+    _twins_on_cuda = bool(enabled)
+
+
+def backend_name(device: torch.device) -> str:
+    """What runs on `device`: "torch" (the twins, CPU), "gsplat+turbogs._C" or "gsplat+twins"."""
+    if torch.device(device).type != "cuda":
+        return "torch"
+    return "gsplat+twins" if _twins_on_cuda else "gsplat+turbogs._C"
+
+
+def require_cuda_kernels() -> None:
+    """Load (building if needed) every CUDA module a run will use, before its first step:
+    a missing kernel is a one-line TurboGSError now, not a traceback minutes into training."""
+    raster_gsplat.require()
+    if not _twins_on_cuda:
+        turbo_cuda.require()
 
 
 def on_cuda(t: torch.Tensor) -> bool:
@@ -30,7 +55,10 @@ def on_cuda(t: torch.Tensor) -> bool:
 
 
 def _render_backend(cuda: bool):
-    return raster_gsplat if cuda else raster_torch
+    if cuda:
+        raster_gsplat.require()  # cached after the first call; a failed gsplat build is one clear error
+        return raster_gsplat
+    return raster_torch
 
 
 # --- the rasterization chain ------------------------------------------------------
@@ -62,7 +90,8 @@ def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, 
 def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isect_offsets, flatten_ids,
               background=None, tile_mask=None):
     """Front-to-back alpha compositing. Returns colors [H, W, C] and alphas [H, W, 1].
-    With `tile_mask`, pixels of unselected tiles are undefined and must not be read."""
+    With `tile_mask`, the colors of unselected tiles' pixels are undefined and must not be
+    read (zero on the CPU, the background on CUDA); their alphas are 0 on both."""
     return _render_backend(on_cuda(means2d)).rasterize(
         means2d, conics, colors, opacities, width, height, tile_size, isect_offsets, flatten_ids,
         background, tile_mask,
@@ -71,15 +100,15 @@ def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isec
 
 # --- TurboGS ops ---
 # Error memory, tile sampling and the sparse tile loss: turbo_cuda (kernels of
-# turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs when it can be
-# loaded, else the twins in turbo_torch. Semantics: see turbo_torch.
+# turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs, the twins in
+# turbo_torch elsewhere (or on CUDA with use_torch_twins). Semantics: see turbo_torch.
 
 
-@lru_cache(maxsize=None)
 def _turbo_backend(cuda: bool):
-    if cuda and turbo_cuda.available():
-        return turbo_cuda
-    return turbo_torch
+    if not cuda or _twins_on_cuda:
+        return turbo_torch
+    turbo_cuda.require()  # raises TurboGSError when turbogs._C cannot be built or loaded
+    return turbo_cuda
 
 
 def _turbo_for(t: torch.Tensor):

@@ -2,16 +2,33 @@
 
 Each function has the signature and semantics of its twin in `raster_torch` (one camera,
 no batch dimensions); here we only add and remove gsplat's leading camera dimension.
-gsplat is imported inside the functions so that importing this module never touches CUDA.
+gsplat is imported inside the functions so that importing this module never touches CUDA;
+`require()` makes a failed gsplat build one clear error instead of a NoneType traceback.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from turbogs.errors import TurboGSError
 from turbogs.kernels.raster_torch import zero_culled
+from turbogs.tiles import sampled_pixels
+
+
+@lru_cache(maxsize=None)
+def require() -> None:
+    """Load gsplat's CUDA extension (it compiles itself on first import: minutes), or raise
+    one line. gsplat itself only prints a warning and leaves its module handle None."""
+    try:
+        from gsplat.cuda._backend import _C
+    except Exception as exc:
+        raise TurboGSError(f"gsplat's CUDA kernels could not be built or loaded: {exc}") from None
+    if _C is None:
+        raise TurboGSError("gsplat's CUDA kernels are missing: gsplat found no CUDA toolkit (nvcc) to build them")
 
 
 def project(
@@ -86,4 +103,10 @@ def rasterize(
         backgrounds=None if background is None else background[None],
         masks=None if tile_mask is None else tile_mask[None],
     )
-    return render_colors[0], render_alphas[0]
+    colors, alphas = render_colors[0], render_alphas[0]
+    if tile_mask is not None:
+        # gsplat never writes the alphas of masked-out tiles (they hold whatever the memory
+        # held): define them as 0, as the torch twin does, so that no reader sees garbage.
+        inside = sampled_pixels(tile_mask, width, height, alphas.device, tile_size)
+        alphas = torch.where(inside[..., None], alphas, 0.0)
+    return colors, alphas

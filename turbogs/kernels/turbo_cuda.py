@@ -1,20 +1,20 @@
 """The CUDA kernels of turbogs._C behind the signatures of their twins in `turbo_torch`.
 
 `turbogs._C` comes from setup.py, or is compiled just in time from cuda/ on first use
-(cuda/build.py). `available()` says whether either worked; turbogs.kernels falls back to the
-torch twins when it did not. Sampling: the kernels compute the Gumbel keys; the caller
+(cuda/build.py). `require()` loads it or raises a one-line TurboGSError: on CUDA a missing
+kernel is an error, never a silent fallback to the twins (see turbogs.kernels). Sampling: the kernels compute the Gumbel keys; the caller
 takes argmax / torch.topk of them, exactly as on the twin path.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from turbogs.errors import TurboGSError
 from turbogs.kernels import turbo_torch
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # turbogs/
@@ -46,16 +46,27 @@ def _module():
     return build.load_jit()
 
 
-@lru_cache(maxsize=None)
+def require() -> None:
+    """Load turbogs._C (compiling it on first use), or raise one line that says what failed
+    and how to go on. Cached: later calls cost a dictionary look-up."""
+    try:
+        _module()
+    except Exception as exc:  # a compiler error, a missing toolkit, an ABI mismatch: all fatal here
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TurboGSError(
+            f"TurboGS's CUDA kernels (turbogs._C) could not be built or loaded: {first_line}. "
+            "Check the CUDA toolkit (nvcc) matches torch's CUDA, or run with --torch-twins (slower)"
+        ) from None
+
+
 def available() -> bool:
     """True when the kernels can run here (a CUDA torch, and turbogs._C built or buildable)."""
     if not torch.cuda.is_available():
         return False
     try:
-        _module()
+        require()
         return True
-    except Exception as exc:  # any build failure means: use the torch twins
-        warnings.warn(f"TurboGS CUDA kernels unavailable, using the torch twins ({exc})")
+    except TurboGSError:
         return False
 
 

@@ -5,8 +5,8 @@ intersections -> compositing). It never looks at the device; `turbogs.kernels` s
 work to gsplat's CUDA kernels or to the torch twins in `kernels/raster_torch.py`.
 
 With a `tile_mask`, only the selected 16x16 tiles are composited: the other tiles' pairs
-are dropped before rasterization, and their pixels are undefined (zero on the CPU,
-background on the GPU). Never read them or let a loss touch them.
+are dropped before rasterization, and their colors are undefined (zero on the CPU,
+background on the GPU): never read them or let a loss touch them. Their alpha is 0 on both.
 """
 
 from __future__ import annotations
