@@ -114,18 +114,22 @@ def test_a_wrong_version_or_platform_is_caught(fake_carry, tmp_path):
     assert "BAD      websockets-16.0-cp312-cp312-win_amd64.whl" in output
 
 
-def summary_of(result) -> str:
-    return result.stdout[result.stdout.index("=== summary"):]
+def dry_run(script: Path, log_name: str, passing, carry: Path, tmp_path: Path, out: str, **env) -> str:
+    """Run `script --dry-run`; check it exits 0 and that each of `passing` phases passed. Returns its log."""
+    result = run_script("--dry-run", carry=carry, tmp_path=tmp_path, script=script, out=out, **env)
+    log_path = tmp_path / out / log_name
+    log = log_path.read_text() if log_path.is_file() else ""
+    assert result.returncode == 0, result.stdout[-3000:] + log[-3000:]
+    summary = result.stdout[result.stdout.index("=== summary"):]
+    for phase in passing:
+        assert f"PASS  {phase} (" in summary, summary
+    return log + summary
 
 
 def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
-    built = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, out="build")
+    log = dry_run(BUILD, "build.log", ("environment", "carry", "install", "cuda tests"), fake_carry, tmp_path, "build")
     build_out = tmp_path / "build"
-    log = (build_out / "build.log").read_text() if (build_out / "build.log").is_file() else ""
-    assert built.returncode == 0, built.stdout[-3000:] + log[-3000:]
-    summary = summary_of(built)
-    for phase in ("environment", "carry", "install", "cuda tests"):
-        assert f"PASS  {phase} (" in summary, summary
+    summary = log
     assert "SKIP  builds" in summary
     assert "dry run: CUDA builds skipped" in log and "removes its build folder" in log
     versions = (build_out / "versions.txt").read_text()
@@ -138,14 +142,9 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
     assert (tmp_path / "gpu" / "site" / "sitecustomize.py").is_file()
     assert list((tmp_path / "gpu" / "site").glob("__editable__*turbogs*.pth"))
 
-    checked = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, script=CHECK, out="check",
-                         DRY_RUN_STEPS="4", DRY_RUN_RESOLUTION="1")
+    log = dry_run(CHECK, "check.log", ("ready", "bench", "step cost", "outputs"), fake_carry, tmp_path, "check",
+                  DRY_RUN_STEPS="4", DRY_RUN_RESOLUTION="1")
     out = tmp_path / "check"
-    log = (out / "check.log").read_text() if (out / "check.log").is_file() else ""
-    assert checked.returncode == 0, checked.stdout[-3000:] + log[-3000:]
-    summary = summary_of(checked)
-    for phase in ("ready", "bench", "step cost", "outputs"):
-        assert f"PASS  {phase} (" in summary, summary
     assert "call 1's install and builds found" in log
 
     bench = json.loads((out / "bench" / "bench.json").read_text())
@@ -164,9 +163,7 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
 
 def test_check_builds_first_on_a_machine_call_1_did_not_prepare(fake_carry, tmp_path):
     """A fresh machine for call 2 (the warm one was given back): it installs before the bench."""
-    result = run_script("--dry-run", carry=fake_carry, tmp_path=tmp_path, script=CHECK, out="check",
-                        DRY_RUN_STEPS="2", DRY_RUN_RESOLUTION="1")
-    log = (tmp_path / "check" / "check.log").read_text()
-    assert result.returncode == 0, result.stdout[-3000:] + log[-3000:]
+    log = dry_run(CHECK, "check.log", ("ready", "bench"), fake_carry, tmp_path, "check",
+                  DRY_RUN_STEPS="2", DRY_RUN_RESOLUTION="1")
     assert "installing and building now" in log
     assert (tmp_path / "gpu" / "site" / "sitecustomize.py").is_file()
