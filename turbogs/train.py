@@ -29,7 +29,10 @@ from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_pr
 from turbogs.density.vanilla import VanillaDensity
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
+from turbogs.appearance import Appearance, load_appearance
+from turbogs.atomic import atomic_write_json
 from turbogs.gaussians import PARAM_NAMES, Gaussians
+from turbogs.init_points import initial_points
 from turbogs.metrics import ssim
 from turbogs.optim import HybridOptimizer, gauss_newton_diagonal_sample
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
@@ -65,14 +68,11 @@ class RunOptions:
 # --- building blocks --------------------------------------------------------------
 
 
-def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator) -> Gaussians:
-    """From the SfM points where there are some, else random points in the cameras' bounds."""
-    if scene.points is not None and len(scene.points) > 0:
-        colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
-        return Gaussians.from_points(torch.from_numpy(scene.points), torch.from_numpy(colors), cfg.sh_degree)
-    centers = torch.stack([c.center for c in scene.train])
-    lo, hi = centers.min(dim=0).values, centers.max(dim=0).values
-    return Gaussians.random_in_box(lo, hi, cfg.init_random_points, cfg.sh_degree, generator)
+def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator,
+                      log: Callable[[str], None] = print) -> Gaussians:
+    """From the capture's points where there are some, else from points along the camera rays."""
+    points, colors = initial_points(scene, cfg.init_random_points, generator, log)
+    return Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
 
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
@@ -115,10 +115,15 @@ def synchronize(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
-    """PSNR over the pixels this step rendered (the others are undefined)."""
+def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor],
+                 mask: Optional[torch.Tensor] = None) -> Optional[float]:
+    """PSNR over the pixels this step rendered (the others are undefined) and the mask keeps."""
     height, width = image.shape[:2]
     inside = sampled_pixels(tile_mask, width, height, image.device)
+    if mask is not None:
+        inside = inside & (mask > 0.5)
+        if not bool(inside.any()):
+            return None  # nothing valid rendered: no figure, rather than a false 0 dB
     mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
     return -10 * math.log10(max(float(mse), 1e-10))
 
@@ -169,11 +174,14 @@ class RunningStats:
     psnr: float = 0.0
     skipped_steps: int = 0
 
-    def update(self, loss: float, psnr: float) -> None:
+    def update(self, loss: float, psnr: Optional[float]) -> None:
         if self.loss == 0.0:
-            self.loss, self.psnr = loss, psnr
+            self.loss = loss
+        if self.psnr == 0.0 and psnr is not None:
+            self.psnr = psnr
         self.loss = 0.9 * self.loss + 0.1 * loss
-        self.psnr = 0.9 * self.psnr + 0.1 * psnr
+        if psnr is not None:
+            self.psnr = 0.9 * self.psnr + 0.1 * psnr
 
 
 # --- the run ----------------------------------------------------------------------
@@ -196,7 +204,7 @@ class Trainer:
         data_device = options.data_device or self.device
         self.train_images = [c.image.to(data_device) for c in scene.train]
         self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
-        self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
+        self.gaussians = initial_gaussians(scene, cfg, self.generator, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         self.density = make_density(cfg)
         self.density_state = self.density.initial_state(len(self.gaussians), device=self.device)
@@ -207,6 +215,7 @@ class Trainer:
             self.tile_loss = TileLoss(cfg.tile_loss)
         else:
             self.memory = self.sampler = self.tile_loss = None
+        self.appearance = Appearance(len(scene.train), cfg.appearance, self.device) if cfg.appearance.enabled else None
         self.stats = RunningStats()
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
@@ -233,12 +242,15 @@ class Trainer:
         probe = make_probe(len(self.gaussians), self.device) if self.wants_blame(progress) else None
 
         out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=probe)
+        image = out.image if self.appearance is None else self.appearance(out.image, pick.view)  # as this photo shows it
         if self.tile_loss is not None:
-            loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
+            loss, tile_errors = self.tile_loss(image, gt, pick.tile_ids, mask)
         else:
-            loss, tile_errors = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim), None
+            loss, tile_errors = photometric_loss(image, gt, mask, cfg.loss.lambda_ssim), None
+        if self.appearance is not None:
+            loss = loss + self.appearance.regularizer(pick.view)
         if probe is not None:  # adds 0 to the loss; its gradient on the probe is each Gaussian's error blame
-            loss = loss + blame_term(out, pixel_error(out.image, gt, pick.tile_mask, mask), pick.tile_mask)
+            loss = loss + blame_term(out, pixel_error(image, gt, pick.tile_mask, mask), pick.tile_mask)
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
         loss.backward()
 
@@ -261,10 +273,12 @@ class Trainer:
                 else:
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+            if self.appearance is not None:
+                self.appearance.step()
             self.density.after_backward(self.density_state, self.step + 1, self.gaussians, self.optimizers, out,
                                         camera.width, camera.height, self.extent,
                                         blame=None if probe is None else probe.grad, progress=progress)
-            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask))
+            self.stats.update(loss.item(), sampled_psnr(image, gt, pick.tile_mask, mask))
 
     def estimate_curvature(self, out, pick: Pick) -> Optional[Dict[str, torch.Tensor]]:
         """Every `hessian_every` steps, a Gauss-Newton diagonal sample over the rendered pixels,
@@ -308,7 +322,7 @@ class Trainer:
         return isinstance(self.density, ErrorDrivenDensity) and self.density.needs_blame(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
-        if not torch.isfinite(loss):
+        if not torch.isfinite(loss) or (self.appearance is not None and not self.appearance.finite()):
             return False
         return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.gaussians.params.values())
 
@@ -316,6 +330,8 @@ class Trainer:
         """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
+        if self.appearance is not None:
+            self.appearance.zero_grad()
         self.stats.skipped_steps += 1
         self.bad_streak += 1
         if self.bad_streak >= MAX_BAD_STEPS:
@@ -343,6 +359,7 @@ class Trainer:
             "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
             "stats": vars(self.stats).copy(),
+            "appearance": None if self.appearance is None else self.appearance.state(),
             "config": self.cfg.to_dict(),
         }
 
@@ -361,6 +378,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        load_appearance(self.appearance, state.get("appearance"))
         self.bad_streak = state.get("bad_streak", 0)
         self.elapsed = state["elapsed"]
         self.stats = RunningStats(**state["stats"])
@@ -433,6 +451,8 @@ class Trainer:
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
+        if self.appearance is not None:  # the per-photo corrections; the model itself stays uncorrected
+            atomic_write_json(out / "appearance.json", self.appearance.as_json([c.name for c in self.scene.train]))
         summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                    "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps}
         if opt.evaluate and self.scene.test:
