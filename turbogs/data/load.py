@@ -180,7 +180,8 @@ def _colmap_source(scene_dir: Path, model_folder: Path, images: str, resolution)
     if model.points is not None and len(model.points):
         points = model.points.astype(np.float32)
         colors = model.colors.astype(np.float32) / 255.0
-    return SceneSource(views, points=points, colors=colors, points_source=f"COLMAP {model_folder.name}/points3D")
+    source = f"COLMAP {model_folder.relative_to(scene_dir).as_posix()}/points3D"
+    return SceneSource(views, points=points, colors=colors, points_source=source)
 
 
 def _nerf_synthetic_source(scene_dir: Path, eval_split: bool, log) -> SceneSource:
@@ -206,7 +207,7 @@ def _nerfstudio_source(scene_dir: Path, images: str, log) -> SceneSource:
         else:
             log(f"{scene_dir / 'transforms.json'}: ply_file_path {ply_path} not found; starting from points along the camera rays")
     return SceneSource(frames.views, points=points, colors=colors, frame_sets=[frames], scene_box=frames.scene_box,
-                       points_source=f"{ply_path.name} (ply_file_path)" if points is not None else "")
+                       points_source=f"{ply_path.name}, named by ply_file_path" if points is not None else "")
 
 
 def _warn_missing_frames(frame_sets: List[FrameSet], log) -> None:
