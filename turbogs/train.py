@@ -23,14 +23,14 @@ import torch
 from tqdm import tqdm
 
 from turbogs import checkpoint, model
+from turbogs.appearance import Appearance, load_appearance
+from turbogs.atomic import atomic_write_json
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.density.error_driven import ErrorDrivenDensity, blame_term, make_probe, pixel_error, sampled_pixels
 from turbogs.density.vanilla import VanillaDensity
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
-from turbogs.appearance import Appearance, load_appearance
-from turbogs.atomic import atomic_write_json
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.init_points import initial_points
 from turbogs.metrics import ssim
