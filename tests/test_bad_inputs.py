@@ -206,6 +206,10 @@ def case_transforms(how: str):
             scene = nerfstudio_scene(tmp, edit)
         elif how == "no focal length":
             scene = nerfstudio_scene(tmp, lambda d: (d.pop("fl_x"), d.pop("fl_y")))
+        elif how == "negative aabb_scale":
+            scene = nerfstudio_scene(tmp, lambda d: d.update(aabb_scale=-4))
+        elif how == "offset of two numbers":
+            scene = nerfstudio_scene(tmp, lambda d: d.update(offset=[0.5, 0.5]))
         elif how == "nerf-synthetic without camera_angle_x":
             scene = nerfstudio_scene(tmp)
             (scene / "transforms.json").rename(scene / "transforms_train.json")
@@ -309,7 +313,8 @@ CASES = {
         "zero width", "NaN focal", "wrong parameter count", "garbage line")},
     **{f"transforms: {how}": case_transforms(how) for how in (
         "invalid JSON", "no frames", "frame without transform_matrix", "NaN matrix", "singular matrix",
-        "no readable images", "no focal length", "nerf-synthetic without camera_angle_x")},
+        "no readable images", "no focal length", "negative aabb_scale", "offset of two numbers",
+        "nerf-synthetic without camera_angle_x")},
     **{f"image: {how}": case_image(how) for how in (
         "corrupt image", "empty image file", "image size disagrees", "mask wrong size", "corrupt mask")},
     **{f"ply: {how}": case_ply(how) for how in (

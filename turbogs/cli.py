@@ -43,6 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.checkpoint_every_steps is not None:
         cfg.checkpoint_every_steps = args.checkpoint_every_steps
     apply_ablations(cfg, args)
+    cfg.appearance.enabled = cfg.appearance.enabled or args.appearance
     cfg = cfg.for_run(args.steps, args.budget_seconds)
     out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
 
@@ -98,7 +99,7 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
 def report(summary: dict, out_dir: Path) -> None:
     line = f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s, {summary['num_gaussians']} Gaussians"
     if "psnr" in summary:
-        line += f"; test PSNR {summary['psnr']:.2f} dB, SSIM {summary['ssim']:.4f}"
+        line += f"; test PSNR {summary['psnr']:.2f} dB (colour-corrected {summary.get('psnr_cc', math.nan):.2f}), SSIM {summary['ssim']:.4f}"
         if "lpips" in summary:
             line += f", LPIPS {summary['lpips']:.4f}"
     print(line)
@@ -128,8 +129,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model_dir.mkdir(exist_ok=True)
     results = write_evaluation(model_dir, step or 0, evaluation, {"num_gaussians": len(gaussians)},
                                save_images=not args.no_images)
-    print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: PSNR {results['psnr']:.2f} dB, "
-          f"SSIM {results['ssim']:.4f}" + (f", LPIPS {results['lpips']:.4f}" if "lpips" in results else ""))
+    print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: PSNR {results['psnr']:.2f} dB "
+          f"(colour-corrected {results['psnr_cc']:.2f}), SSIM {results['ssim']:.4f}" + (f", LPIPS {results['lpips']:.4f}" if "lpips" in results else ""))
     print(f"wrote {model_dir / 'results.json'} and {model_dir / 'per_view.json'}")
     return 0
 
@@ -254,8 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a finished model in --out (the old one stays until the new one is written)")
     p.add_argument("--sh-degree", type=int, choices=[0, 1, 2, 3], help="maximum spherical-harmonics degree (default 3)")
     p.add_argument("--init-points", type=positive_int,
-                   help="random initial points when the capture has none (default 100000)")
+                   help="initial points along the camera rays when the capture has none (default 100000)")
     p.add_argument("--max-gaussians", type=positive_int, help="never grow beyond this many Gaussians")
+    p.add_argument("--appearance", action="store_true",
+                   help="learn a colour transform (3x3 + bias) per training photo, for photos that differ in exposure "
+                        "and white balance; test views, viewer and exports show the uncorrected model")
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help="write a resumable checkpoint this often, in seconds of wall time (default 60)")
     p.add_argument("--checkpoint-every-steps", type=positive_int, metavar="N",

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Type
 
+from turbogs.appearance import AppearanceConfig
 from turbogs.density.base import DensityConfig
 from turbogs.density.error_driven import ErrorDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
@@ -61,6 +62,8 @@ class TrainConfig:
     # rule, ErrorDensityConfig = error-driven) and the optimizer (AdamConfig or HybridConfig).
     density: DensityConfig = field(default_factory=VanillaDensityConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    # --appearance: a learned affine colour transform per training photo (off in every preset)
+    appearance: AppearanceConfig = field(default_factory=AppearanceConfig)
     checkpoint_every_seconds: float = 60.0  # wall-clock, so that a killed run loses little
     checkpoint_every_steps: int = 0  # 0 = by time only
     test_every: int = 8  # every 8th image in name order is a test view with --eval

@@ -1,5 +1,10 @@
 """Evaluation on held-out views: PSNR, SSIM, LPIPS (when its weights are local).
 
+`psnr` is the model as it renders (no colour correction: test views have no learned
+appearance); `psnr_cc` is the PSNR after the least-squares affine colour fit of each
+render to its ground truth, the colour-corrected figure in-the-wild benchmarks report.
+With a mask, both count the valid pixels only.
+
 Writes INRIA's layout: `results.json`, `per_view.json`, and the renders beside their
 ground truth in `test/ours_N/{renders,gt}/` as PNGs.
 """
@@ -14,6 +19,7 @@ import cv2
 import numpy as np
 import torch
 
+from turbogs.appearance import affine_color_fit
 from turbogs.atomic import atomic_path, atomic_write_json
 from turbogs.data.scene import Camera
 from turbogs.gaussians import Gaussians
@@ -51,7 +57,9 @@ def evaluate_views(gaussians: Gaussians, cameras: List[Camera], background: torc
         if mask is not None:  # masked-out pixels show the background in both images
             gt = gt * mask[..., None] + background * (1 - mask[..., None])
             image = image * mask[..., None] + background * (1 - mask[..., None])
-        entry = {"psnr": psnr(image, gt), "ssim": float(ssim(image, gt))}
+        valid = mask if mask is not None and float(mask.sum()) > 0 else None  # PSNR over the valid pixels only
+        entry = {"psnr": psnr(image, gt, valid), "ssim": float(ssim(image, gt)),
+                 "psnr_cc": psnr(affine_color_fit(image, gt, valid), gt, valid)}
         if lpips is not None:
             entry["lpips"] = float(lpips(image, gt))
         per_view[camera.name] = entry

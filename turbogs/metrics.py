@@ -76,11 +76,17 @@ def psnr(img: ImageLike, gt: ImageLike, mask: Optional[ImageLike] = None) -> flo
 
 
 @torch.no_grad()
-def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor]) -> float:
-    """PSNR over the pixels a training step rendered (the others are undefined): the
-    progress bar's figure."""
+def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor],
+                 mask: Optional[torch.Tensor] = None) -> Optional[float]:
+    """PSNR over the pixels a training step rendered (the others are undefined) and the mask
+    keeps: the progress bar's figure. None when no valid pixel was rendered (rather than a
+    false 0 dB)."""
     height, width = image.shape[:2]
     inside = sampled_pixels(tile_mask, width, height, image.device)
+    if mask is not None:
+        inside = inside & (mask > 0.5)
+        if not bool(inside.any()):
+            return None
     mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
     return -10 * math.log10(max(float(mse), 1e-10))
 

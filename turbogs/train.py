@@ -23,6 +23,8 @@ import torch
 from tqdm import tqdm
 
 from turbogs import checkpoint, kernels, model
+from turbogs.appearance import Appearance, load_appearance
+from turbogs.atomic import atomic_write_json
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.dense_loss import photometric_loss
@@ -30,6 +32,7 @@ from turbogs.density.base import DensityStep
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
+from turbogs.init_points import initial_points
 from turbogs.metrics import sampled_psnr
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
@@ -65,14 +68,11 @@ class RunOptions:
 # --- building blocks --------------------------------------------------------------
 
 
-def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator) -> Gaussians:
-    """From the SfM points where there are some, else random points in the cameras' bounds."""
-    if scene.points is not None and len(scene.points) > 0:
-        colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
-        return Gaussians.from_points(torch.from_numpy(scene.points), torch.from_numpy(colors), cfg.sh_degree)
-    centers = torch.stack([c.center for c in scene.train])
-    lo, hi = centers.min(dim=0).values, centers.max(dim=0).values
-    return Gaussians.random_in_box(lo, hi, cfg.init_random_points, cfg.sh_degree, generator)
+def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator,
+                      log: Callable[[str], None] = print) -> Gaussians:
+    """From the capture's points where there are some, else from points along the camera rays."""
+    points, colors = initial_points(scene, cfg.init_random_points, generator, log)
+    return Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
 
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
@@ -126,11 +126,14 @@ class RunningStats:
     pruned: int = 0
     budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
 
-    def update(self, loss: float, psnr: float, density: Optional[dict] = None) -> None:
+    def update(self, loss: float, psnr: Optional[float], density: Optional[dict] = None) -> None:
         if self.loss == 0.0:
-            self.loss, self.psnr = loss, psnr
+            self.loss = loss
+        if self.psnr == 0.0 and psnr is not None:
+            self.psnr = psnr
         self.loss = 0.9 * self.loss + 0.1 * loss
-        self.psnr = 0.9 * self.psnr + 0.1 * psnr
+        if psnr is not None:
+            self.psnr = 0.9 * self.psnr + 0.1 * psnr
         density = density or {}
         self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
         self.pruned += int(density.get("n_pruned", 0))
@@ -164,7 +167,7 @@ class Trainer:
         data_device = options.data_device or self.device
         self.train_images = [c.image.to(data_device) for c in scene.train]
         self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
-        self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
+        self.gaussians = initial_gaussians(scene, cfg, self.generator, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
             raise TurboGSError(f"sampler and tile loss must use the renderer's {TILE_SIZE}-pixel tiles, got "
@@ -178,6 +181,7 @@ class Trainer:
             self.tile_loss = TileLoss(cfg.tile_loss)
         else:
             self.memory = self.sampler = self.tile_loss = None
+        self.appearance = Appearance(len(scene.train), cfg.appearance, self.device) if cfg.appearance.enabled else None
         self.stats = RunningStats()
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
@@ -204,11 +208,14 @@ class Trainer:
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
         out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
+        image = out.image if self.appearance is None else self.appearance(out.image, pick.view)  # as this photo shows it
         if self.tile_loss is not None:
-            loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
+            loss, tile_errors = self.tile_loss(image, gt, pick.tile_ids, mask)
         else:
-            loss, tile_errors = photometric_loss(out.image, gt, mask, cfg.loss.lambda_ssim), None
-        extra = self.density.extra_loss(out, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
+            loss, tile_errors = photometric_loss(image, gt, mask, cfg.loss.lambda_ssim), None
+        if self.appearance is not None:
+            loss = loss + self.appearance.regularizer(pick.view)
+        extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
         if extra is not None:
             loss = loss + extra
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
@@ -224,10 +231,12 @@ class Trainer:
                 self.memory.update(pick.view, pick.tile_ids, tile_errors)
             # The optimizer steps before density control changes the rows that `out` describes.
             cfg.optimizer.step(self.optimizers, out.visible, curvature)
+            if self.appearance is not None:
+                self.appearance.step()
             density_stats = self.density.after_backward(self.density_state, DensityStep(
                 self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
                 self.extent, features))
-            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
+            self.stats.update(loss.item(), sampled_psnr(image, gt, pick.tile_mask, mask), density_stats)
 
     def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
@@ -282,7 +291,7 @@ class Trainer:
         return self.sampler.sample(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
-        if not torch.isfinite(loss):
+        if not torch.isfinite(loss) or (self.appearance is not None and not self.appearance.finite()):
             return False
         return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.gaussians.params.values())
 
@@ -290,6 +299,8 @@ class Trainer:
         """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
+        if self.appearance is not None:
+            self.appearance.zero_grad()
         self.stats.skipped_steps += 1
         self.bad_streak += 1
         if self.bad_streak >= MAX_BAD_STEPS:
@@ -317,6 +328,7 @@ class Trainer:
             "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
             "stats": vars(self.stats).copy(),
+            "appearance": None if self.appearance is None else self.appearance.state(),
             "config": self.cfg.to_dict(),
         }
 
@@ -335,6 +347,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        load_appearance(self.appearance, state.get("appearance"))
         self.bad_streak = state.get("bad_streak", 0)
         self.elapsed = state["elapsed"]
         self.stats = RunningStats(**state["stats"])
@@ -408,6 +421,8 @@ class Trainer:
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
+        if self.appearance is not None:  # the per-photo corrections; the model itself stays uncorrected
+            atomic_write_json(out / "appearance.json", self.appearance.as_json([c.name for c in self.scene.train]))
         summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                    "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
                    "backend": kernels.backend_name(self.device)}

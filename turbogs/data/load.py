@@ -53,6 +53,8 @@ class SceneSource:
     points: Optional[np.ndarray] = None  # float32 [P, 3]
     colors: Optional[np.ndarray] = None  # float32 [P, 3] in [0, 1]
     frame_sets: List[FrameSet] = field(default_factory=list)  # for the missing-frames warning
+    points_source: str = ""
+    scene_box: Optional[np.ndarray] = None  # instant-ngp's aabb in world units
 
 
 def load_scene(
@@ -121,6 +123,8 @@ def load_scene(
         test=cameras[len(train_views) :],
         points=source.points,
         point_colors=source.colors,
+        points_source=source.points_source,
+        scene_box=source.scene_box,
         source_path=str(scene_dir),
         white_background=white_background,
     )
@@ -176,7 +180,8 @@ def _colmap_source(scene_dir: Path, model_folder: Path, images: str, resolution)
     if model.points is not None and len(model.points):
         points = model.points.astype(np.float32)
         colors = model.colors.astype(np.float32) / 255.0
-    return SceneSource(views, points=points, colors=colors)
+    source = f"COLMAP {model_folder.relative_to(scene_dir).as_posix()}/points3D"
+    return SceneSource(views, points=points, colors=colors, points_source=source)
 
 
 def _nerf_synthetic_source(scene_dir: Path, eval_split: bool, log) -> SceneSource:
@@ -200,8 +205,9 @@ def _nerfstudio_source(scene_dir: Path, images: str, log) -> SceneSource:
         if is_file(ply_path):
             points, colors = read_ply_points(ply_path)
         else:
-            log(f"{scene_dir / 'transforms.json'}: ply_file_path {ply_path} not found; starting from random points")
-    return SceneSource(frames.views, points=points, colors=colors, frame_sets=[frames])
+            log(f"{scene_dir / 'transforms.json'}: ply_file_path {ply_path} not found; starting from points along the camera rays")
+    return SceneSource(frames.views, points=points, colors=colors, frame_sets=[frames], scene_box=frames.scene_box,
+                       points_source=f"{ply_path.name}, named by ply_file_path" if points is not None else "")
 
 
 def _warn_missing_frames(frame_sets: List[FrameSet], log) -> None:

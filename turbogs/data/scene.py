@@ -55,6 +55,8 @@ class Scene:
     test: List[Camera] = field(default_factory=list)
     points: Optional[np.ndarray] = None  # [P, 3] float32 SfM points, or None
     point_colors: Optional[np.ndarray] = None  # [P, 3] float32 in [0, 1]
+    points_source: str = ""  # where the points came from, for the log ("COLMAP points3D", a .ply)
+    scene_box: Optional[np.ndarray] = None  # [2, 3] world min/max the capture declares (instant-ngp aabb)
     source_path: str = ""
     white_background: bool = False
 

@@ -39,6 +39,7 @@ class FrameSet:
     views: List[ViewSpec] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)  # file_path values with no image
     source: Optional[Path] = None
+    scene_box: Optional[np.ndarray] = None  # [2, 3] world min/max of instant-ngp's aabb, if declared
 
 
 def _frames(data: Dict[str, Any], path: Path) -> List[Dict[str, Any]]:
@@ -226,8 +227,35 @@ def read_nerfstudio(scene: Path, images: str = "images") -> Tuple[FrameSet, Opti
                 mask_path=mask_path,
             )
         )
+    result.scene_box = ngp_scene_box(data, path)
     ply = data.get("ply_file_path")
     return result, (scene / ply if isinstance(ply, str) else None)
+
+
+NGP_DEFAULT_SCALE, NGP_DEFAULT_OFFSET = 0.33, (0.5, 0.5, 0.5)  # instant-ngp's NerfDataset defaults
+
+
+def ngp_scene_box(data: Dict[str, Any], path: Path) -> Optional[np.ndarray]:
+    """The world-space box instant-ngp trains inside, when the file declares one of
+    `aabb_scale`, `scale`, `offset` ([2, 3] min and max), else None.
+
+    instant-ngp maps a camera position x to x * scale + offset and trains inside the cube
+    of side aabb_scale centred on (0.5, 0.5, 0.5) (its axis cycling leaves that cube as is),
+    so in the file's own coordinates the box is centred on (0.5 - offset) / scale with
+    half-side aabb_scale / (2 * scale)."""
+    if not any(key in data for key in ("aabb_scale", "scale", "offset")):
+        return None
+    where = str(path)
+    aabb_scale = _number(data.get("aabb_scale", 1), "aabb_scale", where)
+    scale = _number(data.get("scale", NGP_DEFAULT_SCALE), "scale", where)
+    offset = data.get("offset", NGP_DEFAULT_OFFSET)
+    if not isinstance(offset, (list, tuple)) or len(offset) != 3:
+        raise InputError(f"{where}: 'offset' must be a list of 3 numbers, got {offset!r}")
+    offset = np.array([_number(v, "offset", where) for v in offset])
+    if aabb_scale <= 0 or scale <= 0:
+        raise InputError(f"{where}: 'aabb_scale' and 'scale' must be positive, got {aabb_scale} and {scale}")
+    center, half = (0.5 - offset) / scale, aabb_scale / (2 * scale)
+    return np.stack([center - half, center + half])
 
 
 def read_ply_points(path: Path) -> Tuple[np.ndarray, np.ndarray]:

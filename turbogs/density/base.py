@@ -6,7 +6,7 @@ these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboG
     state = strategy.initial_state(len(gaussians), device)          # once
     features = strategy.render_features(len(gaussians), progress, device)
     out = render(..., extra_features=features)                      # extra channels, or None
-    loss = photometric loss (+ strategy.extra_loss(out, gt, tile_mask, mask) when not None)
+    loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
     strategy.before_backward(state, out); loss.backward()
     optimizers step
     stats = strategy.after_backward(state, DensityStep(...))        # grow / prune on schedule
@@ -59,8 +59,10 @@ class Strategy:
         that requires grad (its gradient comes back in DensityStep.features), or None."""
         return None
 
-    def extra_loss(self, render_out, gt: Tensor, tile_mask: Optional[Tensor], mask: Optional[Tensor]) -> Optional[Tensor]:
-        """A term to add to this step's loss, or None."""
+    def extra_loss(self, render_out, image: Tensor, gt: Tensor, tile_mask: Optional[Tensor],
+                   mask: Optional[Tensor]) -> Optional[Tensor]:
+        """A term to add to this step's loss, or None. `image` is the render as the loss compares
+        it with `gt` (after the per-photo appearance correction, when there is one)."""
         return None
 
     def before_backward(self, state: Dict[str, Tensor], render_out) -> None:

@@ -225,11 +225,12 @@ class ErrorDrivenDensity(Strategy):
         """The probe while this step's statistics are used, else None."""
         return make_probe(n, device) if self.needs_blame(progress) else None
 
-    def extra_loss(self, render_out, gt: Tensor, tile_mask: Optional[Tensor], mask: Optional[Tensor]) -> Optional[Tensor]:
-        """The blame term (value 0) when the probe was rendered."""
+    def extra_loss(self, render_out, image: Tensor, gt: Tensor, tile_mask: Optional[Tensor],
+                   mask: Optional[Tensor]) -> Optional[Tensor]:
+        """The blame term (value 0) when the probe was rendered: the error the loss sees."""
         if render_out.extra is None:
             return None
-        return blame_term(render_out, pixel_error(render_out.image, gt, tile_mask, mask), tile_mask)
+        return blame_term(render_out, pixel_error(image, gt, tile_mask, mask), tile_mask)
 
     @torch.no_grad()
     def after_backward(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:

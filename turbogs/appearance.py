@@ -1,0 +1,117 @@
+"""Per-photo appearance: a learned affine colour transform for each training image.
+
+Photos of one place differ in exposure and white balance. Without a model of that, the
+Gaussians average the photos into a compromise and every view is off by its own colour
+cast. `--appearance` gives each training image a 3x3 matrix plus a bias, applied to the
+render after rasterisation (colour' = M @ colour + b), so that the Gaussians hold one
+consistent scene and the per-photo differences go into the transforms (as NeRF-W's and
+the 3DGS in-the-wild papers' appearance embeddings do, in their simplest affine form).
+
+- Each transform starts at the identity and is regularised towards it, and after each
+  step the transforms are re-centred so that their mean is exactly the identity: a
+  colour change common to all photos must live in the scene, so the uncorrected model
+  shows the average photo (what the viewer, the exports and `psnr` see).
+- Its own small Adam, one parameter pair per image, so a step moves only the image it
+  rendered.
+- Only training images have one. Test views, the viewer and the exports show the
+  uncorrected model; `affine_color_fit` gives the colour-corrected test metric
+  (`psnr_cc`) the in-the-wild benchmarks report instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+from turbogs.errors import TurboGSError
+
+
+@dataclass
+class AppearanceConfig:
+    enabled: bool = False
+    lr: float = 5e-3  # a view is seen once per epoch: few, large steps must reach a 1.5x exposure change
+    weight: float = 1e-2  # pull towards the identity: |M - I|^2 + |b|^2, per rendered image
+
+
+class Appearance(torch.nn.Module):
+    """One affine colour transform per training image, with its optimizer."""
+
+    def __init__(self, num_views: int, cfg: AppearanceConfig, device: torch.device = torch.device("cpu")):
+        super().__init__()
+        self.cfg = cfg
+        self.matrices = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.eye(3, device=device)) for _ in range(num_views)])
+        self.biases = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(3, device=device)) for _ in range(num_views)])
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=cfg.lr)
+
+    def forward(self, image: torch.Tensor, view: int) -> torch.Tensor:
+        """[H, W, 3] render -> the same render as training photo `view` would show it."""
+        return image @ self.matrices[view].T + self.biases[view]
+
+    def regularizer(self, view: int) -> torch.Tensor:
+        eye = torch.eye(3, device=self.matrices[view].device)
+        return self.cfg.weight * (((self.matrices[view] - eye) ** 2).sum() + (self.biases[view] ** 2).sum())
+
+    def step(self) -> None:
+        """Only the rendered view has a gradient; Adam skips the others (grad None). Then the
+        transforms are re-centred so that their mean is the identity: a colour shift common
+        to all photos belongs to the scene, not to the corrections (measured without this:
+        the transforms drifted together, the Gaussians the other way, and the uncorrected
+        model lost 6 dB on a capture whose photos all share one exposure)."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            matrix_drift = torch.stack(list(self.matrices)).mean(dim=0) - torch.eye(3, device=self.matrices[0].device)
+            bias_drift = torch.stack(list(self.biases)).mean(dim=0)
+            for matrix, bias in zip(self.matrices, self.biases):
+                matrix -= matrix_drift
+                bias -= bias_drift
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def finite(self) -> bool:
+        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.parameters())
+
+    def state(self) -> dict:
+        return {"params": {k: v.detach().cpu() for k, v in self.state_dict().items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load(self, state: dict) -> None:
+        self.load_state_dict(state["params"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def as_json(self, names: List[str]) -> Dict[str, dict]:
+        """Per training image: its matrix (row-major) and bias, for appearance.json."""
+        return {name: {"matrix": self.matrices[i].detach().cpu().tolist(), "bias": self.biases[i].detach().cpu().tolist()}
+                for i, name in enumerate(names)}
+
+
+@torch.no_grad()
+def affine_color_fit(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`image` after the least-squares affine colour map (3x3 + bias) that best matches `gt`
+    over the valid pixels, clamped to [0, 1]: the render as the photo's exposure and white
+    balance would show it, for the colour-corrected PSNR."""
+    x = image.reshape(-1, 3).double()
+    y = gt.reshape(-1, 3).double()
+    rows = torch.ones(len(x), dtype=torch.bool, device=x.device) if mask is None else mask.reshape(-1) > 0.5
+    design = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype, device=x.device)], dim=1)
+    if int(rows.sum()) < 4:
+        return image.clamp(0, 1)
+    # Normal equations with a tiny ridge: a flat image (rank-deficient) still solves.
+    a = design[rows]
+    gram = a.T @ a + 1e-8 * torch.eye(4, dtype=x.dtype, device=x.device)
+    coefficients = torch.linalg.solve(gram, a.T @ y[rows])
+    return (design @ coefficients).reshape(image.shape).clamp(0, 1).to(image.dtype)
+
+
+def load_appearance(appearance: Optional[Appearance], state: Optional[dict]) -> None:
+    """Restore a checkpoint's transforms; a run and its checkpoint must agree on --appearance."""
+    if (appearance is None) != (state is None):
+        raise TurboGSError("the checkpoint was trained " + ("with" if state is not None else "without")
+                           + " --appearance; resume " + ("with" if state is not None else "without") + " it too")
+    if appearance is not None:
+        appearance.load(state)
