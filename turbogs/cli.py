@@ -6,6 +6,7 @@ Every user-facing problem is a TurboGSError: printed as one line on stderr, exit
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path

@@ -65,7 +65,7 @@ MAX_ERROR = {
 def sh_flip_signs(num_rest: int) -> np.ndarray:
     """[K-1] signs s_k with Y_k(x, -y, -z) = s_k Y_k(x, y, z), read off our renderer's own SH
     basis (every real SH basis function is even or odd in the pair (y, z))."""
-    from turbogs.render.torch_backend import spherical_harmonics
+    from turbogs.kernels.raster_torch import spherical_harmonics
 
     if num_rest == 0:
         return np.ones(0, np.float32)
