@@ -12,6 +12,7 @@ an evaluation on the test views.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -142,6 +143,21 @@ class RunningStats:
         return figures if self.budget is None else {**figures, "budget": self.budget}
 
 
+class StepObserver:
+    """A seam for tools that watch the trainer's own work (`turbogs bench --step-audit`).
+    The trainer wraps the parts that are not its own code, render() and loss.backward(),
+    in these context managers and reports density control's stats; by default they do nothing."""
+
+    def render(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def backward(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def density(self, stats: dict) -> None:
+        pass
+
+
 # --- the run ----------------------------------------------------------------------
 
 
@@ -180,6 +196,7 @@ class Trainer:
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.bad_streak = 0
+        self.observer = StepObserver()
 
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or of the time budget when there is one."""
@@ -201,7 +218,8 @@ class Trainer:
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
-        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
+        with self.observer.render():
+            out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
         if self.tile_loss is not None:
             loss, tile_errors = self.tile_loss(out.image, gt, pick.tile_ids, mask)
         else:
@@ -211,7 +229,8 @@ class Trainer:
             loss = loss + extra
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
         self.density.before_backward(self.density_state, out)
-        loss.backward()
+        with self.observer.backward():
+            loss.backward()
 
         if not self._finite(loss):
             self._skip_step()
@@ -225,6 +244,7 @@ class Trainer:
             density_stats = self.density.after_backward(self.density_state, DensityStep(
                 self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
                 self.extent, features))
+            self.observer.density(density_stats)
             self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
 
     def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:

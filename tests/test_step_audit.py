@@ -1,0 +1,83 @@
+"""The step audit (turbogs bench --step-audit) counts what it says: host reads by op, aten ops,
+and nothing inside the sections the trainer marks as render or backward."""
+
+import torch
+
+from turbogs.bench.audit import AuditObserver, OpCounter, host_read_name, summarize
+from turbogs.train import StepObserver
+
+
+def toy_step(x: torch.Tensor, mask: torch.Tensor) -> None:
+    """3 scalar reads, 2 boolean-mask ops, 1 nonzero, 1 masked_select, 1 unique; plus ops that read nothing."""
+    x.sum().item()
+    bool(x.max() > 0)
+    float(x.mean())
+    x[mask]
+    y = x.clone()
+    y[mask] = 0.0
+    torch.nonzero(mask)
+    torch.masked_select(x, mask)
+    torch.unique(x)
+    x[torch.tensor([0, 1])]  # integer index: no read
+    torch.where(mask, x, 0.0)  # no read
+
+
+def test_counts_known_reads():
+    x, mask = torch.arange(6.0), torch.tensor([True, False, True, False, True, True])
+    counter = OpCounter()
+    with counter, counter.in_section("step"):
+        toy_step(x, mask)
+    reads = counter.reads
+    assert reads["_local_scalar_dense"] == 3
+    assert reads["index (boolean mask)"] == 1
+    assert reads["index_put_ (boolean mask)"] == 1 or reads["index_put (boolean mask)"] == 1
+    assert reads["nonzero"] == 1 and reads["masked_select"] == 1
+    assert sum(v for k, v in reads.items() if "unique" in k) == 1
+    assert sum(reads.values()) == 8
+    assert counter.ops >= 11  # every call above is at least one op
+
+
+def test_repeat_interleave_needs_output_size():
+    counter = OpCounter()
+    repeats = torch.tensor([1, 2])
+    with counter, counter.in_section("step"):
+        torch.repeat_interleave(torch.tensor([5.0, 6.0]), repeats)
+        torch.repeat_interleave(torch.tensor([5.0, 6.0]), repeats, output_size=3)
+        torch.repeat_interleave(torch.tensor([5.0, 6.0]), 2)
+    assert sum(counter.reads.values()) == 1
+
+
+def test_paused_inside_render_and_backward():
+    """What the trainer runs inside observer.render() / observer.backward() is not counted
+    (render reads only when asked, as on CUDA)."""
+    x = torch.arange(4.0, requires_grad=True)
+    counter = OpCounter(count_render_reads=True)
+    observer = AuditObserver(counter)
+    with counter, counter.in_section("step"):
+        with observer.render():
+            y = (x * 2).sum()
+            y.item()
+        with observer.backward():
+            y.backward()
+            x.grad.sum().item()
+        ops_outside = counter.ops
+        x.detach().sum().item()
+    assert counter.reads == {"_local_scalar_dense": 1}
+    assert counter.render_reads == {"_local_scalar_dense": 1}
+    assert ops_outside == 0 and counter.ops == 3  # detach, sum, item
+    assert host_read_name(torch.ops.aten.add.Tensor, (x, x), {}) is None
+
+
+def test_summary_fields():
+    steps = [{"ops": 10, "reads": {}}, {"ops": 12, "reads": {"nonzero": 2}}, {"ops": 30, "reads": {"nonzero": 1}}]
+    s = summarize(steps)
+    assert s["host_reads_per_step"] == {"median": 1, "max": 2, "by_op": {"nonzero": 1.0}}
+    assert s["ops_per_step"] == {"median": 12, "max": 30}
+    assert summarize([]) is None
+
+
+def test_default_observer_does_nothing():
+    observer = StepObserver()
+    with observer.render(), observer.backward():
+        pass
+    observer.density({})
