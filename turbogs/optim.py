@@ -328,7 +328,8 @@ class HybridOptimizer(torch.optim.Optimizer):
             state["row_step"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["hessian_count"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["step"] = torch.zeros((), dtype=torch.float64)
-            state["kappa"] = torch.zeros((), dtype=torch.float64)  # the calibrated curvature scale, if calibrating
+            # the calibrated curvature scale, if calibrating; on the device, so that no step reads it
+            state["kappa"] = torch.zeros((), dtype=torch.float64, device=param.device)
         return state
 
     @staticmethod
@@ -372,8 +373,12 @@ class HybridOptimizer(torch.optim.Optimizer):
                 bias1 = (1 - beta1 ** t).to(param.dtype)
                 denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
                 if group["calibration_quantile"] is not None:
-                    kappa = float(state["kappa"])
-                if kappa > 0:
+                    # The calibrated kappa stays a tensor (no host read): the hybrid denominator
+                    # wherever it is positive, Adam's while it is 0 (no calibration yet).
+                    kappa = state["kappa"].to(param.device)
+                    denominator = torch.where(kappa > 0, self._hybrid_denominator(state, group, param, denominator,
+                                                                                  kappa), denominator)
+                elif kappa > 0:
                     denominator = self._hybrid_denominator(state, group, param, denominator, kappa)
                 ratio = exp_avg / denominator.add_(eps)  # m / P; the step is lr * ratio / bias1
                 if clip is not None:
@@ -387,7 +392,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         return loss
 
     def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
-                            kappa: float) -> torch.Tensor:
+                            kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """max(kappa * h_hat, sqrt(v_hat) / L) on rows with a curvature estimate, sqrt(v_hat) on
         the others (a row with no estimate yet must not be lengthened)."""
         floor = adam
@@ -397,7 +402,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         return torch.maximum(floor, self._curvature(state, group, param, kappa))
 
     @staticmethod
-    def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: float) -> torch.Tensor:
+    def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """kappa * h_hat, the bias-corrected curvature EMA; rows without any estimate have zero."""
         count = _per_row(state["hessian_count"].double(), param)
         correction = torch.where(count > 0, 1 - group["hessian_beta"] ** count, torch.ones_like(count))
@@ -443,12 +448,12 @@ class HybridOptimizer(torch.optim.Optimizer):
         curvature = self._curvature(state, group, param, 1.0)
         ratio = (adam / curvature)[(curvature > 0) & (adam > 0)]
         if ratio.numel() == 0:
-            return torch.zeros((), dtype=torch.float64)
+            return torch.zeros((), dtype=torch.float64, device=param.device)
         if ratio.numel() > _QUANTILE_SAMPLE:  # torch.quantile's input limit; a uniform sample is as good
             ratio = ratio[torch.randint(ratio.numel(), (_QUANTILE_SAMPLE,), device=ratio.device)]
         if ratio.dtype not in (torch.float32, torch.float64):
             ratio = ratio.float()  # torch.quantile's dtypes
-        return torch.quantile(ratio, group["calibration_quantile"]).double().cpu()
+        return torch.quantile(ratio, group["calibration_quantile"]).double()
 
 
 def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:

@@ -31,7 +31,7 @@ from turbogs.density.base import DensityStep
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-from turbogs.metrics import sampled_psnr
+from turbogs.metrics import sampled_psnr_tensor
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
@@ -39,6 +39,7 @@ from turbogs.tiles import TILE_SIZE, sampled_pixels
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
+BAR_REFRESH_SECONDS = 0.5  # the progress bar's figures are read from the device this often
 # torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -118,7 +119,11 @@ class ViewOrder:
 @dataclass
 class RunningStats:
     """Figures for the progress bar and the viewer: smoothed loss and PSNR, and what density
-    control did over the run (from the stats its after_backward returns)."""
+    control did over the run (from the stats its after_backward returns).
+
+    The smoothed loss and PSNR stay on the device (`update` takes tensors and reads nothing,
+    so a step never waits for the host); `refresh()` reads them into `loss` and `psnr`, which
+    the trainer does only when the bar, the viewer or a checkpoint shows them."""
 
     loss: float = 0.0
     psnr: float = 0.0
@@ -127,16 +132,29 @@ class RunningStats:
     pruned: int = 0
     budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
 
-    def update(self, loss: float, psnr: float, density: Optional[dict] = None) -> None:
-        if self.loss == 0.0:
-            self.loss, self.psnr = loss, psnr
-        self.loss = 0.9 * self.loss + 0.1 * loss
-        self.psnr = 0.9 * self.psnr + 0.1 * psnr
+    def __post_init__(self):
+        self._smoothed: Optional[torch.Tensor] = None  # [2] on the device: loss, PSNR
+
+    def update(self, loss: torch.Tensor, psnr: torch.Tensor, density: Optional[dict] = None) -> None:
+        latest = torch.stack([loss.detach().float().reshape(()), psnr.detach().float().reshape(())])
+        if self._smoothed is None:
+            started = self.loss != 0.0  # resumed: continue from the checkpoint's figures
+            self._smoothed = latest.new_tensor([self.loss, self.psnr]) if started else latest
+        self._smoothed = torch.lerp(self._smoothed, latest, 0.1)
         density = density or {}
         self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
         self.pruned += int(density.get("n_pruned", 0))
         if density.get("budget") is not None:
             self.budget = int(density["budget"])
+
+    def refresh(self) -> None:
+        """Read the smoothed loss and PSNR from the device (one read)."""
+        if self._smoothed is not None:
+            self.loss, self.psnr = self._smoothed.tolist()
+
+    def state_dict(self) -> dict:
+        self.refresh()
+        return {name: getattr(self, name) for name in ("loss", "psnr", "skipped_steps", "grown", "pruned", "budget")}
 
     def density_figures(self) -> dict:
         figures = {"grown": self.grown, "pruned": self.pruned}
@@ -245,7 +263,7 @@ class Trainer:
                 self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
                 self.extent, features))
             self.observer.density(density_stats)
-            self.stats.update(loss.item(), sampled_psnr(out.image, gt, pick.tile_mask), density_stats)
+            self.stats.update(loss, sampled_psnr_tensor(out.image, gt, pick.tile_mask), density_stats)
 
     def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
@@ -282,9 +300,11 @@ class Trainer:
         return self.sampler.sample(progress)
 
     def _finite(self, loss: torch.Tensor) -> bool:
-        if not torch.isfinite(loss):
-            return False
-        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.gaussians.params.values())
+        """The loss and every gradient finite, in one read: the largest magnitude of each
+        gradient (NaN propagates through it) and the loss, stacked and tested together."""
+        grads = [p.grad for p in self.gaussians.params.values() if p.grad is not None and p.grad.numel()]
+        peaks = list(torch._foreach_norm(grads, float("inf"))) if grads else []
+        return bool(torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all())
 
     def _skip_step(self) -> None:
         """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
@@ -316,7 +336,7 @@ class Trainer:
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
-            "stats": vars(self.stats).copy(),
+            "stats": self.stats.state_dict(),
             "config": self.cfg.to_dict(),
         }
 
@@ -346,7 +366,7 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        last_checkpoint = time.perf_counter()
+        last_checkpoint = last_refresh = time.perf_counter()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.options.progress, dynamic_ncols=True,
                    unit="step", desc="train")
         viewer = self.options.viewer
@@ -363,9 +383,12 @@ class Trainer:
                     raise self._out_of_memory() from None
 
                 bar.update(1)
-                bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
-                                gaussians=len(self.gaussians), **self.stats.density_figures(),
-                                skipped=self.stats.skipped_steps, refresh=False)
+                if time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS or self.progress() >= 1.0:
+                    self.stats.refresh()  # the figures come from the device only here
+                    bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
+                                    gaussians=len(self.gaussians), **self.stats.density_figures(),
+                                    skipped=self.stats.skipped_steps, refresh=False)
+                    last_refresh = time.perf_counter()
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
@@ -398,6 +421,7 @@ class Trainer:
         return cfg.checkpoint_every_seconds > 0 and time.perf_counter() - last >= cfg.checkpoint_every_seconds
 
     def progress_stats(self) -> dict:
+        self.stats.refresh()
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
                 "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
