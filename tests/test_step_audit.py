@@ -81,3 +81,54 @@ def test_default_observer_does_nothing():
     with observer.render(), observer.backward():
         pass
     observer.density({})
+
+
+def test_hybrid_step_masked_by_ok_changes_nothing_and_otherwise_matches():
+    """HybridOptimizer.step(ok=False) leaves parameter and state as they were, with no host
+    read; ok=True gives bit for bit the update without ok."""
+    from turbogs.optim import HybridOptimizer
+
+    def run(ok_values):
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.randn(50, 3))
+        opt = HybridOptimizer([param], lr=0.01, max_lengthening=2.0, calibration_quantile=0.5)
+        snapshots = []
+        for i, ok in enumerate(ok_values):
+            param.grad = torch.randn_like(param) if ok is not False else torch.full_like(param, float("nan"))
+            flag = None if ok is None else torch.tensor(ok)
+            snapshots.append((param.detach().clone(), {k: v.clone() for k, v in opt.state[param].items()}))
+            counter = OpCounter()
+            with counter, counter.in_section("step"):
+                opt.step(ok=flag)
+            assert not counter.reads, counter.reads
+            if i % 2 == 0:
+                opt.update_hessian(torch.rand_like(param), ok=flag)
+        return param.detach().clone(), opt.state[param], snapshots
+
+    plain, plain_state, _ = run([None] * 6)
+    masked, masked_state, _ = run([True] * 6)
+    assert torch.equal(plain, masked)
+    assert all(torch.equal(plain_state[k], masked_state[k]) for k in plain_state)
+    _, state, snapshots = run([True, True, False, True])
+    before_param, before_state = snapshots[2]
+    after_param, after_state = snapshots[3]
+    assert torch.equal(before_param, after_param)
+    assert all(torch.equal(before_state[k], after_state[k]) for k in before_state)
+
+
+def test_a_3dgs_training_step_reads_nothing(tmp_path):
+    """The audit on a real trainer (small demo capture, 3dgs): its ordinary steps make no host read."""
+    from test_cli import small_demo
+    from turbogs.bench.audit import audit_preset
+    from turbogs.bench.run import BenchSettings
+    from turbogs.data.load import load_scene
+
+    scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
+    settings = BenchSettings(scene=tmp_path / "scene", presets=["3dgs"], out_dir=tmp_path / "out", log=lambda *_: None)
+    import turbogs.bench.audit as audit
+
+    entry = audit_preset("3dgs", scene, settings, steps=4, density_steps_wanted=0)
+    assert entry["steps_counted"] == 4
+    assert entry["host_reads_per_step"]["max"] == 0, entry["host_reads_per_step"]
+    assert 0 < entry["ops_per_step"]["median"] < 1000
+    assert audit.SCOPE == "trainer outside render and backward"

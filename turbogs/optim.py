@@ -206,13 +206,13 @@ class HybridConfig(OptimizerConfig):
         curved = {name: params[name] for name in self.curvature_on}
         return gauss_newton_diagonal_sample(rendered, curved, generator, loss_hessian_scale=scale)
 
-    def step(self, optimizers, visible, curvature) -> None:
+    def step(self, optimizers, visible, curvature, ok=None) -> None:
         for name, optimizer in optimizers.items():
-            optimizer.step(visible=visible if self.selective else None)
+            optimizer.step(visible=visible if self.selective else None, ok=ok)
             if curvature is not None and name in curvature:
                 # Rendered rows only, even without selective steps: an unseen Gaussian's
                 # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
-                optimizer.update_hessian(curvature[name], visible=visible)
+                optimizer.update_hessian(curvature[name], visible=visible, ok=ok)
             optimizer.zero_grad(set_to_none=True)
 
 
@@ -330,6 +330,8 @@ class HybridOptimizer(torch.optim.Optimizer):
             state["step"] = torch.zeros((), dtype=torch.float64)
             # the calibrated curvature scale, if calibrating; on the device, so that no step reads it
             state["kappa"] = torch.zeros((), dtype=torch.float64, device=param.device)
+        if state["step"].device != param.device:  # a checkpoint's CPU counter: counted on the device
+            state["step"] = state["step"].to(param.device)
         return state
 
     @staticmethod
@@ -343,8 +345,9 @@ class HybridOptimizer(torch.optim.Optimizer):
         return visible.to(param.device)
 
     @torch.no_grad()
-    def step(self, visible: Optional[torch.Tensor] = None, closure=None):
-        """One update of every parameter with a gradient; `visible` restricts it to rows."""
+    def step(self, visible: Optional[torch.Tensor] = None, closure=None, ok: Optional[torch.Tensor] = None):
+        """One update of every parameter with a gradient; `visible` restricts it to rows. `ok`: a
+        0-d device bool; where False nothing changes (a non-finite step), with no host read."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -356,11 +359,11 @@ class HybridOptimizer(torch.optim.Optimizer):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                rows = self._rows_mask(visible, param)
+                rows = _and(self._rows_mask(visible, param), ok)
                 state = self._state(param)
                 grad = param.grad
                 row_step = state["row_step"] + (1 if rows is None else rows.to(param.dtype))
-                state["step"] += 1
+                state["step"] += 1 if ok is None else ok.to(state["step"].dtype)
                 exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
                 exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
 
@@ -410,7 +413,7 @@ class HybridOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def update_hessian(self, estimates: Union[torch.Tensor, Sequence[torch.Tensor]],
-                       visible: Optional[torch.Tensor] = None) -> None:
+                       visible: Optional[torch.Tensor] = None, ok: Optional[torch.Tensor] = None) -> None:
         """Fold one curvature estimate per parameter (in parameter order; a bare tensor
         when there is one parameter) into the EMA, for the visible rows only. An invisible
         Gaussian's estimate is zero because no pixel saw it, and folding that in would
@@ -429,13 +432,14 @@ class HybridOptimizer(torch.optim.Optimizer):
                     raise ValueError(
                         f"curvature estimate has shape {tuple(estimate.shape)}, parameter {tuple(param.shape)}"
                     )
-                rows = self._rows_mask(visible, param)
+                rows = _and(self._rows_mask(visible, param), ok)
                 state = self._state(param)
                 hessian = state["hessian"].lerp(estimate.to(param.dtype), 1 - beta)
                 _assign(state["hessian"], hessian, rows)
                 state["hessian_count"].add_(1 if rows is None else rows.to(param.dtype))
                 if group["calibration_quantile"] is not None:
-                    state["kappa"] = self._calibrated_curvature_scale(state, group, param)
+                    kappa = self._calibrated_curvature_scale(state, group, param)
+                    state["kappa"] = kappa if ok is None else torch.where(ok, kappa, state["kappa"])
 
     def _calibrated_curvature_scale(self, state: dict, group: dict, param: torch.Tensor) -> torch.Tensor:
         """The kappa at which the Newton step equals Adam's at the `calibration_quantile` of
@@ -454,6 +458,13 @@ class HybridOptimizer(torch.optim.Optimizer):
         if ratio.dtype not in (torch.float32, torch.float64):
             ratio = ratio.float()  # torch.quantile's dtypes
         return torch.quantile(ratio, group["calibration_quantile"]).double()
+
+
+def _and(rows: Optional[torch.Tensor], ok: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The rows to update: `rows` ([N] bool or None = all) and the step's `ok` (0-d bool or None)."""
+    if ok is None:
+        return rows
+    return ok.reshape(1) if rows is None else rows & ok
 
 
 def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:

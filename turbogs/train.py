@@ -121,9 +121,10 @@ class RunningStats:
     """Figures for the progress bar and the viewer: smoothed loss and PSNR, and what density
     control did over the run (from the stats its after_backward returns).
 
-    The smoothed loss and PSNR stay on the device (`update` takes tensors and reads nothing,
-    so a step never waits for the host); `refresh()` reads them into `loss` and `psnr`, which
-    the trainer does only when the bar, the viewer or a checkpoint shows them."""
+    The smoothed loss and PSNR, and the count of skipped (non-finite) steps, stay on the device:
+    `update` takes tensors and reads nothing, so a step never waits for the host. `refresh()`
+    reads them all at once, which the trainer does only when the bar, the viewer or a
+    checkpoint shows them."""
 
     loss: float = 0.0
     psnr: float = 0.0
@@ -131,30 +132,50 @@ class RunningStats:
     grown: int = 0  # Gaussians cloned or split
     pruned: int = 0
     budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
+    bad_streak: int = 0  # non-finite steps in a row, as of the last refresh
 
     def __post_init__(self):
         self._smoothed: Optional[torch.Tensor] = None  # [2] on the device: loss, PSNR
+        self._bad: Optional[torch.Tensor] = None  # [3] on the device: skipped since the last read, streak, longest streak since the last read
 
-    def update(self, loss: torch.Tensor, psnr: torch.Tensor, density: Optional[dict] = None) -> None:
+    def update(self, loss: torch.Tensor, psnr: torch.Tensor, density: Optional[dict] = None,
+               ok: Optional[torch.Tensor] = None) -> None:
+        """Fold in a step; `ok` (a device bool) False marks it skipped: it counts, and changes no figure."""
         latest = torch.stack([loss.detach().float().reshape(()), psnr.detach().float().reshape(())])
         if self._smoothed is None:
             started = self.loss != 0.0  # resumed: continue from the checkpoint's figures
             self._smoothed = latest.new_tensor([self.loss, self.psnr]) if started else latest
-        self._smoothed = torch.lerp(self._smoothed, latest, 0.1)
+            self._bad = latest.new_tensor([0.0, self.bad_streak, self.bad_streak])
+        smoothed = torch.lerp(self._smoothed, latest, 0.1)
+        if ok is None:
+            self._smoothed = smoothed
+        else:
+            self._smoothed = torch.where(ok, smoothed, self._smoothed)
+            bad = (~ok).to(latest.dtype)
+            streak = (self._bad[1] + 1) * bad
+            self._bad = torch.stack([self._bad[0] + bad, streak, torch.maximum(self._bad[2], streak)])
         density = density or {}
         self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
         self.pruned += int(density.get("n_pruned", 0))
         if density.get("budget") is not None:
             self.budget = int(density["budget"])
 
-    def refresh(self) -> None:
-        """Read the smoothed loss and PSNR from the device (one read)."""
-        if self._smoothed is not None:
-            self.loss, self.psnr = self._smoothed.tolist()
+    def refresh(self) -> int:
+        """Read the device's figures (one read); returns the longest run of skipped steps
+        since the last refresh, so that the trainer can stop a diverged run."""
+        if self._smoothed is None:
+            return self.bad_streak
+        loss, psnr, skipped, streak, longest = torch.cat([self._smoothed, self._bad]).tolist()
+        self.loss, self.psnr = loss, psnr
+        self.skipped_steps += int(skipped)
+        self.bad_streak = int(streak)
+        self._bad = self._bad.new_tensor([0.0, streak, streak])
+        return int(longest)
 
     def state_dict(self) -> dict:
         self.refresh()
-        return {name: getattr(self, name) for name in ("loss", "psnr", "skipped_steps", "grown", "pruned", "budget")}
+        return {name: getattr(self, name)
+                for name in ("loss", "psnr", "skipped_steps", "grown", "pruned", "budget", "bad_streak")}
 
     def density_figures(self) -> dict:
         figures = {"grown": self.grown, "pruned": self.pruned}
@@ -213,7 +234,6 @@ class Trainer:
         self.stats = RunningStats()
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
-        self.bad_streak = 0
         self.observer = StepObserver()
 
     def progress(self) -> float:
@@ -250,20 +270,20 @@ class Trainer:
         with self.observer.backward():
             loss.backward()
 
-        if not self._finite(loss):
-            self._skip_step()
-            return
-        self.bad_streak = 0
+        # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
+        # on the device (`ok`): every update below is masked by it, and the skipped steps are
+        # counted there and read when the figures are (read_device_figures).
+        ok = self._finite(loss)
         with torch.no_grad():
-            if self.memory is not None:
-                self.memory.update(pick.view, pick.tile_ids, tile_errors)
+            if self.memory is not None:  # the memory ignores non-finite tile errors
+                self.memory.update(pick.view, pick.tile_ids, torch.where(ok, tile_errors, float("nan")))
             # The optimizer steps before density control changes the rows that `out` describes.
-            cfg.optimizer.step(self.optimizers, out.visible, curvature)
+            cfg.optimizer.step(self.optimizers, out.visible, curvature, ok)
             density_stats = self.density.after_backward(self.density_state, DensityStep(
                 self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
-                self.extent, features))
+                self.extent, features, ok))
             self.observer.density(density_stats)
-            self.stats.update(loss, sampled_psnr_tensor(out.image, gt, pick.tile_mask), density_stats)
+            self.stats.update(loss, sampled_psnr_tensor(out.image, gt, pick.tile_mask), density_stats, ok)
 
     def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
@@ -299,20 +319,22 @@ class Trainer:
             return TileSample(self.views.next())
         return self.sampler.sample(progress)
 
-    def _finite(self, loss: torch.Tensor) -> bool:
-        """The loss and every gradient finite, in one read: the largest magnitude of each
-        gradient (NaN propagates through it) and the loss, stacked and tested together."""
+    def _finite(self, loss: torch.Tensor) -> torch.Tensor:
+        """A device bool, no read: the loss and every gradient finite. The largest magnitude of
+        each gradient (one _foreach op; NaN propagates through it) and the loss, tested together."""
         grads = [p.grad for p in self.gaussians.params.values() if p.grad is not None and p.grad.numel()]
         peaks = list(torch._foreach_norm(grads, float("inf"))) if grads else []
-        return bool(torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all())
+        return torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all()
 
-    def _skip_step(self) -> None:
-        """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
-        self.stats.skipped_steps += 1
-        self.bad_streak += 1
-        if self.bad_streak >= MAX_BAD_STEPS:
+    @property
+    def bad_streak(self) -> int:
+        """Non-finite steps in a row, as of the last read_device_figures()."""
+        return self.stats.bad_streak
+
+    def read_device_figures(self) -> None:
+        """The one place where the step's figures come to the host (bar refreshes, the viewer,
+        checkpoints, the end): one read. Too many skipped steps in a row stop the run here."""
+        if self.stats.refresh() >= MAX_BAD_STEPS:
             if not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
                 self.save_checkpoint()
@@ -334,7 +356,6 @@ class Trainer:
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
             "stats": self.stats.state_dict(),
             "config": self.cfg.to_dict(),
@@ -355,9 +376,8 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        self.bad_streak = state.get("bad_streak", 0)
         self.elapsed = state["elapsed"]
-        self.stats = RunningStats(**state["stats"])
+        self.stats = RunningStats(**{"bad_streak": state.get("bad_streak", 0), **state["stats"]})
         self.step = state["step"]
 
     def save_checkpoint(self) -> None:
@@ -384,7 +404,7 @@ class Trainer:
 
                 bar.update(1)
                 if time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS or self.progress() >= 1.0:
-                    self.stats.refresh()  # the figures come from the device only here
+                    self.read_device_figures()
                     bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
                                     gaussians=len(self.gaussians), **self.stats.density_figures(),
                                     skipped=self.stats.skipped_steps, refresh=False)
@@ -393,6 +413,7 @@ class Trainer:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
                 if self._checkpoint_due(last_checkpoint):
+                    self.read_device_figures()
                     self.save_checkpoint()
                     last_checkpoint = time.perf_counter()
         finally:
@@ -421,7 +442,7 @@ class Trainer:
         return cfg.checkpoint_every_seconds > 0 and time.perf_counter() - last >= cfg.checkpoint_every_seconds
 
     def progress_stats(self) -> dict:
-        self.stats.refresh()
+        self.read_device_figures()
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
                 "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
@@ -429,6 +450,7 @@ class Trainer:
         """Write the model (atomically), a final checkpoint, and evaluate."""
         options = self.options
         out = Path(options.out_dir)
+        self.read_device_figures()
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now

@@ -141,7 +141,8 @@ def summarize(steps: List[dict]) -> Optional[dict]:
     }
 
 
-def audit_preset(name: str, scene, settings: BenchSettings, steps: int) -> dict:
+def audit_preset(name: str, scene, settings: BenchSettings, steps: int,
+                 density_steps_wanted: int = DENSITY_STEPS_WANTED) -> dict:
     """Train preset `name` under the audit; its entry of step_audit.json."""
     cfg = get_preset(split_steps(name)[0])
     cfg.seed = settings.seed
@@ -154,7 +155,7 @@ def audit_preset(name: str, scene, settings: BenchSettings, steps: int) -> dict:
     density: List[dict] = []
     render_reads: Counter = Counter()
     with counter:
-        while trainer.step < cfg.steps and (len(ordinary) + len(density) < steps or len(density) < DENSITY_STEPS_WANTED):
+        while trainer.step < cfg.steps and (len(ordinary) + len(density) < steps or len(density) < density_steps_wanted):
             counter.reset()
             observer.density_stats = None
             with counter.in_section("step"):
