@@ -132,3 +132,36 @@ def test_a_3dgs_training_step_reads_nothing(tmp_path):
     assert entry["host_reads_per_step"]["max"] == 0, entry["host_reads_per_step"]
     assert 0 < entry["ops_per_step"]["median"] < 1000
     assert audit.SCOPE == "trainer outside render and backward"
+
+
+def test_views_picked_on_the_device_match_the_host_path_and_read_nothing():
+    """TileSampler with view_on_device draws the same view and tiles as the host path, and
+    TrainingViews gives that view's camera, image and mask by an index op, with no host read."""
+    from turbogs.data.scene import Camera
+    from turbogs.train_views import TrainingViews
+    from turbogs.turbo import ErrorMemory, TileSampler
+
+    torch.manual_seed(0)
+    cameras = [Camera(name=f"v{i}", width=40, height=33, K=torch.eye(3) * (i + 1), world_to_cam=torch.eye(4) + i)
+               for i in range(4)]
+    images = [torch.rand(33, 40, 3) for _ in cameras]
+    masks = [torch.rand(33, 40) for _ in cameras]
+    views = TrainingViews(cameras, images, masks, torch.device("cpu"))
+    assert views.stacked
+    host = TileSampler(ErrorMemory.from_cameras(cameras), seed=3)
+    device = TileSampler(ErrorMemory.from_cameras(cameras), seed=3)
+    for step in range(6):
+        a = host.sample(0.9)
+        errors = torch.rand(len(a.tile_ids))
+        counter = OpCounter()
+        with counter, counter.in_section("step"):
+            b = device.sample(0.9, view_on_device=True)
+            camera, gt, mask = views.get(b.view)
+            device.memory.update(b.view, b.tile_ids, errors)
+        assert not counter.reads, counter.reads
+        host.memory.update(a.view, a.tile_ids, errors)
+        assert torch.equal(host.memory.errors, device.memory.errors)
+        assert torch.is_tensor(b.view) and int(b.view) == a.view
+        assert torch.equal(a.tile_ids, b.tile_ids) and torch.equal(a.tile_mask, b.tile_mask)
+        assert torch.equal(camera.K, cameras[a.view].K) and torch.equal(camera.world_to_cam, cameras[a.view].world_to_cam)
+        assert torch.equal(gt, images[a.view]) and torch.equal(mask, masks[a.view])

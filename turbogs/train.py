@@ -36,6 +36,7 @@ from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
 from turbogs.tiles import TILE_SIZE, sampled_pixels
+from turbogs.train_views import TrainingViews
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
@@ -215,8 +216,9 @@ class Trainer:
         self.background = torch.ones(3) if scene.white_background else torch.zeros(3)
         self.background = self.background.to(self.device)
         data_device = options.data_device or self.device
-        self.train_images = [c.image.to(data_device) for c in scene.train]
-        self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
+        self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
+                                   [None if c.mask is None else c.mask.to(data_device) for c in scene.train], self.device)
+        self.train_images = self.train_views.images
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
@@ -250,9 +252,7 @@ class Trainer:
         self.apply_schedules(progress)
 
         pick = self.pick(progress)
-        camera = self.scene.train[pick.view]
-        gt, mask = self.train_images[pick.view].to(self.device), self.train_masks[pick.view]
-        mask = None if mask is None else mask.to(self.device)
+        camera, gt, mask = self.train_views.get(pick.view)  # pick.view: an int, or an index on the device
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
@@ -291,7 +291,9 @@ class Trainer:
             return None
         height, width = out.image.shape[:2]
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        return self.cfg.optimizer.estimate_curvature(out.image[inside], self.gaussians.params, self.generator)
+        pixels = out.image[inside]
+        with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
+            return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, self.generator)
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included."""
@@ -317,7 +319,7 @@ class Trainer:
         """What this step trains on: a view and, when sampling tiles, which of its tiles."""
         if self.sampler is None:
             return TileSample(self.views.next())
-        return self.sampler.sample(progress)
+        return self.sampler.sample(progress, view_on_device=self.train_views.stacked)
 
     def _finite(self, loss: torch.Tensor) -> torch.Tensor:
         """A device bool, no read: the loss and every gradient finite. The largest magnitude of

@@ -8,8 +8,9 @@ not timed, so the figures are the same on a CPU and a GPU (only the renderer dif
 
 How: a `TorchDispatchMode` sees every aten op the step runs. The trainer hands the audit
 its `StepObserver` seam (`Trainer.observer`): the counting pauses inside `render()` and
-`loss.backward()`, whose ops are the rasterizer's and autograd's, not the trainer's. So
-the scope is "trainer outside render and backward". On CUDA the host reads inside
+`loss.backward()`, whose ops are the rasterizer's and autograd's, not the trainer's, and
+inside the hybrid optimizer's curvature estimate, which is one more backward pass (every
+10th step, with random residuals). So the scope is "trainer outside render and backward". On CUDA the host reads inside
 `render()` are counted too (`render_host_reads`); on the CPU the renderer is the torch
 twin, whose reads say nothing about the CUDA path, so they are left out.
 
