@@ -165,3 +165,12 @@ def test_views_picked_on_the_device_match_the_host_path_and_read_nothing():
         assert torch.equal(a.tile_ids, b.tile_ids) and torch.equal(a.tile_mask, b.tile_mask)
         assert torch.equal(camera.K, cameras[a.view].K) and torch.equal(camera.world_to_cam, cameras[a.view].world_to_cam)
         assert torch.equal(gt, images[a.view]) and torch.equal(mask, masks[a.view])
+
+
+def test_step_audit_flag_conflicts_are_one_line_errors(tmp_path, capsys):
+    from test_cli import DEMO
+    from turbogs.cli import main
+
+    for extra in (["--step-cost"], ["--budget-seconds", "10"]):
+        assert main(["bench", str(DEMO), "--step-audit", *extra, "--out", str(tmp_path / "out")]) == 2
+        assert "step-audit" in capsys.readouterr().err
