@@ -4,7 +4,7 @@ and nothing inside the sections the trainer marks as render or backward."""
 import torch
 
 from turbogs.bench.audit import AuditObserver, OpCounter, host_read_name, summarize
-from turbogs.train import StepObserver
+from turbogs.step_observer import StepObserver
 
 
 def toy_step(x: torch.Tensor, mask: torch.Tensor) -> None:

@@ -12,7 +12,6 @@ an evaluation on the test views.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from turbogs.metrics import sampled_psnr_tensor
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
+from turbogs.step_observer import StepObserver
 from turbogs.tiles import TILE_SIZE, sampled_pixels
 from turbogs.train_views import TrainingViews
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
@@ -137,7 +137,8 @@ class RunningStats:
 
     def __post_init__(self):
         self._smoothed: Optional[torch.Tensor] = None  # [2] on the device: loss, PSNR
-        self._bad: Optional[torch.Tensor] = None  # [3] on the device: skipped since the last read, streak, longest streak since the last read
+        # [3] on the device: steps skipped since the last read, the current streak, the longest since the last read
+        self._bad: Optional[torch.Tensor] = None
 
     def update(self, loss: torch.Tensor, psnr: torch.Tensor, density: Optional[dict] = None,
                ok: Optional[torch.Tensor] = None) -> None:
@@ -183,21 +184,6 @@ class RunningStats:
         return figures if self.budget is None else {**figures, "budget": self.budget}
 
 
-class StepObserver:
-    """A seam for tools that watch the trainer's own work (`turbogs bench --step-audit`).
-    The trainer wraps the parts that are not its own code, render() and loss.backward(),
-    in these context managers and reports density control's stats; by default they do nothing."""
-
-    def render(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def backward(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def density(self, stats: dict) -> None:
-        pass
-
-
 # --- the run ----------------------------------------------------------------------
 
 
@@ -217,7 +203,8 @@ class Trainer:
         self.background = self.background.to(self.device)
         data_device = options.data_device or self.device
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
-                                   [None if c.mask is None else c.mask.to(data_device) for c in scene.train], self.device)
+                                         [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
+                                         self.device)
         self.train_images = self.train_views.images
         self.gaussians = initial_gaussians(scene, cfg, self.generator).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
