@@ -1,6 +1,8 @@
 """The step audit (turbogs bench --step-audit) counts what it says: host reads by op, aten ops,
 and nothing inside the sections the trainer marks as render or backward."""
 
+import dataclasses
+
 import torch
 
 from turbogs.bench.audit import AuditObserver, OpCounter, host_read_name, summarize
@@ -146,8 +148,12 @@ def test_views_picked_on_the_device_match_the_host_path_and_read_nothing():
                for i in range(4)]
     images = [torch.rand(33, 40, 3) for _ in cameras]
     masks = [torch.rand(33, 40) for _ in cameras]
-    views = TrainingViews(cameras, images, masks, torch.device("cpu"))
+    cameras = [dataclasses.replace(c, image=i, mask=m) for c, i, m in zip(cameras, images, masks)]
+    views = TrainingViews(cameras, list(images), list(masks), torch.device("cpu"))
     assert views.stacked
+    # the cameras' images now live in the stack (held once), with the same values
+    assert all(c.image.data_ptr() == views.images[i].data_ptr() and torch.equal(c.image, images[i])
+               for i, c in enumerate(cameras))
     host = TileSampler(ErrorMemory.from_cameras(cameras), seed=3)
     device = TileSampler(ErrorMemory.from_cameras(cameras), seed=3)
     for step in range(6):

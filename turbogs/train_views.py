@@ -44,6 +44,13 @@ class TrainingViews:
             self.mask_stack = None if masks[0] is None else torch.stack(masks)
             self.images = list(self.image_stack.unbind(0))
             self.masks = [None] * len(masks) if self.mask_stack is None else list(self.mask_stack.unbind(0))
+            # Where a camera's own image was used as it is (no copy: the CPU), it now points into
+            # the stack too, so that the images are not held twice.
+            for camera, image, mask, stacked_image, stacked_mask in zip(cameras, images, masks, self.images, self.masks):
+                if camera.image is image:
+                    camera.image = stacked_image
+                if mask is not None and camera.mask is mask:
+                    camera.mask = stacked_mask
 
     def get(self, view: View) -> Tuple[Camera, Tensor, Optional[Tensor]]:
         """(camera, ground truth [H, W, 3], mask [H, W] or None) of a view, on the device."""
