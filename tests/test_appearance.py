@@ -17,7 +17,8 @@ from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians
 from turbogs.render import render
-from turbogs.train import RunOptions, Trainer, sampled_psnr, train
+from turbogs.metrics import sampled_psnr
+from turbogs.train import RunOptions, Trainer, train
 
 _spec = importlib.util.spec_from_file_location("make_captures", REPO / "scenes" / "make_captures.py")
 captures = importlib.util.module_from_spec(_spec)

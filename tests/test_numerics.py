@@ -57,11 +57,13 @@ def test_a_non_finite_step_is_skipped_and_counted(scene, tmp_path, monkeypatch, 
     trainer.run_step()
     before = {k: v.clone() for k, v in trainer.gaussians.raw().items()}
     trainer.run_step()  # the poisoned one
+    trainer.read_device_figures()  # the count lives on the device until read
     assert trainer.stats.skipped_steps == 1 and trainer.bad_streak == 1
     for name, value in trainer.gaussians.raw().items():
         assert torch.equal(value, before[name]), name
     assert all(p.grad is None for p in trainer.gaussians.params.values())
     trainer.run_step()
+    trainer.read_device_figures()
     assert trainer.bad_streak == 0 and trainer.stats.skipped_steps == 1
     assert not torch.equal(trainer.gaussians.raw()["means"], before["means"])
     assert all(torch.isfinite(v).all() for v in trainer.gaussians.raw().values())

@@ -24,6 +24,14 @@ BEFORE = {
     "3dgs": (500, 5539, -41273.047854563825, 93500.30203461373, 22.951946583793333, 0.8181173205375671),
 }
 
+# Issue 15 made the 3dgs preset's Adam torch's fused kernel (one op per parameter, no host read of
+# its step counter, skipping a non-finite step on the device). The kernel rounds the last float32
+# bit differently from the foreach Adam that measured the figures (about 1e-7 relative per step on
+# a toy problem), so for 3dgs the figures must agree within float tolerance, not bit for bit:
+# the same Gaussian count (every density decision unchanged), checksums within 1e-5 relative,
+# PSNR within 0.01 dB and SSIM within 1e-3. Turbo's hybrid optimizer still matches exactly.
+ROUNDED_BY_FUSED_ADAM = {"3dgs"}
+
 
 def train_demo(preset: str, steps: int, out) -> tuple:
     code = main(["train", str(DEMO), "--preset", preset, "--eval", "--steps", str(steps), "--seed", "0",
@@ -41,4 +49,11 @@ def train_demo(preset: str, steps: int, out) -> tuple:
 @pytest.mark.parametrize("preset", sorted(BEFORE))
 def test_fixed_seed_run_matches_the_pre_refactor_figures(preset, tmp_path):
     steps, *expected = BEFORE[preset]
-    assert train_demo(preset, steps, tmp_path / preset) == tuple(expected)
+    got = train_demo(preset, steps, tmp_path / preset)
+    if preset not in ROUNDED_BY_FUSED_ADAM:
+        assert got == tuple(expected)
+        return
+    count, total, magnitude, psnr, ssim = got
+    assert count == expected[0]  # every density decision the same
+    assert total == pytest.approx(expected[1], rel=1e-5) and magnitude == pytest.approx(expected[2], rel=1e-5)
+    assert psnr == pytest.approx(expected[3], abs=0.01) and ssim == pytest.approx(expected[4], abs=1e-3)

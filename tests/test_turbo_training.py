@@ -94,10 +94,10 @@ def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, t
     means = trainer.optimizers["means"]
     folds = []
 
-    def recording_update(estimates, visible=None):
+    def recording_update(estimates, visible=None, ok=None):
         state = means.state[trainer.gaussians.params["means"]]
         before = state["hessian"].clone()
-        fold_in(estimates, visible=visible)
+        fold_in(estimates, visible=visible, ok=ok)
         folds.append((visible.clone(), before, state["hessian"].clone()))
 
     fold_in, means.update_hessian = means.update_hessian, recording_update

@@ -45,7 +45,8 @@ class Appearance(torch.nn.Module):
             [torch.nn.Parameter(torch.eye(3, device=device)) for _ in range(num_views)])
         self.biases = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.zeros(3, device=device)) for _ in range(num_views)])
-        self.optimizer = torch.optim.Adam(self.parameters(), lr=cfg.lr)
+        # fused: a skipped (non-finite) step is masked on the device through found_inf, no read
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=cfg.lr, fused=True)
 
     def forward(self, image: torch.Tensor, view: int) -> torch.Tensor:
         """[H, W, 3] render -> the same render as training photo `view` would show it."""
@@ -55,26 +56,24 @@ class Appearance(torch.nn.Module):
         eye = torch.eye(3, device=self.matrices[view].device)
         return self.cfg.weight * (((self.matrices[view] - eye) ** 2).sum() + (self.biases[view] ** 2).sum())
 
-    def step(self) -> None:
-        """Only the rendered view has a gradient; Adam skips the others (grad None). Then the
+    def step(self, ok: Optional[torch.Tensor] = None) -> None:
+        """`ok`: a device bool; where False (a non-finite step) nothing changes, with no host read
+        (fused Adam's found_inf, as in turbogs.optimizers).
+        Only the rendered view has a gradient; Adam skips the others (grad None). Then the
         transforms are re-centred so that their mean is the identity: a colour shift common
         to all photos belongs to the scene, not to the corrections (measured without this:
         the transforms drifted together, the Gaussians the other way, and the uncorrected
         model lost 6 dB on a capture whose photos all share one exposure)."""
+        if ok is not None:
+            self.optimizer.found_inf = (~ok).to(torch.float32)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
+        with torch.no_grad():  # after a skipped step the mean is still the identity: no change
             matrix_drift = torch.stack(list(self.matrices)).mean(dim=0) - torch.eye(3, device=self.matrices[0].device)
             bias_drift = torch.stack(list(self.biases)).mean(dim=0)
             for matrix, bias in zip(self.matrices, self.biases):
                 matrix -= matrix_drift
                 bias -= bias_drift
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def finite(self) -> bool:
-        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.parameters())
 
     def state(self) -> dict:
         return {"params": {k: v.detach().cpu() for k, v in self.state_dict().items()},

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import functools
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,16 +80,25 @@ def psnr(img: ImageLike, gt: ImageLike, mask: Optional[ImageLike] = None) -> flo
 def sampled_psnr(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor],
                  mask: Optional[torch.Tensor] = None) -> Optional[float]:
     """PSNR over the pixels a training step rendered (the others are undefined) and the mask
-    keeps: the progress bar's figure. None when no valid pixel was rendered (rather than a
-    false 0 dB)."""
+    keeps. None when no valid pixel was rendered (rather than a false 0 dB)."""
+    value = float(sampled_psnr_tensor(image, gt, tile_mask, mask))
+    return None if math.isnan(value) else value
+
+
+def sampled_psnr_tensor(image: torch.Tensor, gt: torch.Tensor, tile_mask: Optional[torch.Tensor],
+                        mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """sampled_psnr as a 0-d tensor on the image's device, with no host read (the progress
+    bar's figure, read only when the bar refreshes): a masked sum, not a boolean index,
+    and torch.where keeps the undefined pixels' possible NaNs out. NaN when no pixel is
+    both rendered and kept by the mask: the bar then keeps its last figure."""
     height, width = image.shape[:2]
     inside = sampled_pixels(tile_mask, width, height, image.device)
     if mask is not None:
         inside = inside & (mask > 0.5)
-        if not bool(inside.any()):
-            return None
-    mse = ((image.clamp(0, 1) - gt) ** 2).mean(dim=-1)[inside].mean()
-    return -10 * math.log10(max(float(mse), 1e-10))
+    error = ((image.detach().clamp(0, 1) - gt) ** 2).mean(dim=-1)
+    count = inside.sum()
+    mse = torch.where(inside, error, 0.0).sum() / count.clamp_min(1)
+    return torch.where(count > 0, -10 * torch.log10(mse.clamp_min(1e-10)), float("nan"))
 
 
 def gaussian_kernel_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> torch.Tensor:
@@ -96,6 +106,12 @@ def gaussian_kernel_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> to
     x = torch.arange(size, dtype=torch.float64) - size // 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
     return g / g.sum()
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_kernel(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """gaussian_kernel_1d() on a device, made once: the training loss calls ssim every step."""
+    return gaussian_kernel_1d().to(device=device, dtype=dtype)
 
 
 def _blur(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
@@ -118,7 +134,7 @@ def ssim_map(img: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
     single = img.dim() == 3
     x = (img[None] if single else img).permute(0, 3, 1, 2)
     y = (gt[None] if single else gt).permute(0, 3, 1, 2)
-    kernel = gaussian_kernel_1d().to(x)
+    kernel = _cached_kernel(x.device, x.dtype)
 
     mu_x, mu_y = _blur(x, kernel), _blur(y, kernel)
     var_x = _blur(x * x, kernel) - mu_x**2

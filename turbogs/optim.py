@@ -206,13 +206,13 @@ class HybridConfig(OptimizerConfig):
         curved = {name: params[name] for name in self.curvature_on}
         return gauss_newton_diagonal_sample(rendered, curved, generator, loss_hessian_scale=scale)
 
-    def step(self, optimizers, visible, curvature) -> None:
+    def step(self, optimizers, visible, curvature, ok=None) -> None:
         for name, optimizer in optimizers.items():
-            optimizer.step(visible=visible if self.selective else None)
+            optimizer.step(visible=visible if self.selective else None, ok=ok)
             if curvature is not None and name in curvature:
                 # Rendered rows only, even without selective steps: an unseen Gaussian's
                 # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
-                optimizer.update_hessian(curvature[name], visible=visible)
+                optimizer.update_hessian(curvature[name], visible=visible, ok=ok)
             optimizer.zero_grad(set_to_none=True)
 
 
@@ -328,7 +328,10 @@ class HybridOptimizer(torch.optim.Optimizer):
             state["row_step"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["hessian_count"] = torch.zeros(rows, dtype=param.dtype, device=param.device)
             state["step"] = torch.zeros((), dtype=torch.float64)
-            state["kappa"] = torch.zeros((), dtype=torch.float64)  # the calibrated curvature scale, if calibrating
+            # the calibrated curvature scale, if calibrating; on the device, so that no step reads it
+            state["kappa"] = torch.zeros((), dtype=torch.float64, device=param.device)
+        if state["step"].device != param.device:  # a checkpoint's CPU counter: counted on the device
+            state["step"] = state["step"].to(param.device)
         return state
 
     @staticmethod
@@ -342,8 +345,9 @@ class HybridOptimizer(torch.optim.Optimizer):
         return visible.to(param.device)
 
     @torch.no_grad()
-    def step(self, visible: Optional[torch.Tensor] = None, closure=None):
-        """One update of every parameter with a gradient; `visible` restricts it to rows."""
+    def step(self, visible: Optional[torch.Tensor] = None, closure=None, ok: Optional[torch.Tensor] = None):
+        """One update of every parameter with a gradient; `visible` restricts it to rows. `ok`: a
+        0-d device bool; where False nothing changes (a non-finite step), with no host read."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -355,11 +359,11 @@ class HybridOptimizer(torch.optim.Optimizer):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                rows = self._rows_mask(visible, param)
+                rows = _and(self._rows_mask(visible, param), ok)
                 state = self._state(param)
                 grad = param.grad
                 row_step = state["row_step"] + (1 if rows is None else rows.to(param.dtype))
-                state["step"] += 1
+                state["step"] += 1 if ok is None else ok.to(state["step"].dtype)
                 exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
                 exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
 
@@ -372,8 +376,12 @@ class HybridOptimizer(torch.optim.Optimizer):
                 bias1 = (1 - beta1 ** t).to(param.dtype)
                 denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
                 if group["calibration_quantile"] is not None:
-                    kappa = float(state["kappa"])
-                if kappa > 0:
+                    # The calibrated kappa stays a tensor (no host read): the hybrid denominator
+                    # wherever it is positive, Adam's while it is 0 (no calibration yet).
+                    kappa = state["kappa"].to(param.device)
+                    denominator = torch.where(kappa > 0, self._hybrid_denominator(state, group, param, denominator,
+                                                                                  kappa), denominator)
+                elif kappa > 0:
                     denominator = self._hybrid_denominator(state, group, param, denominator, kappa)
                 ratio = exp_avg / denominator.add_(eps)  # m / P; the step is lr * ratio / bias1
                 if clip is not None:
@@ -387,7 +395,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         return loss
 
     def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
-                            kappa: float) -> torch.Tensor:
+                            kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """max(kappa * h_hat, sqrt(v_hat) / L) on rows with a curvature estimate, sqrt(v_hat) on
         the others (a row with no estimate yet must not be lengthened)."""
         floor = adam
@@ -397,7 +405,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         return torch.maximum(floor, self._curvature(state, group, param, kappa))
 
     @staticmethod
-    def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: float) -> torch.Tensor:
+    def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """kappa * h_hat, the bias-corrected curvature EMA; rows without any estimate have zero."""
         count = _per_row(state["hessian_count"].double(), param)
         correction = torch.where(count > 0, 1 - group["hessian_beta"] ** count, torch.ones_like(count))
@@ -405,7 +413,7 @@ class HybridOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def update_hessian(self, estimates: Union[torch.Tensor, Sequence[torch.Tensor]],
-                       visible: Optional[torch.Tensor] = None) -> None:
+                       visible: Optional[torch.Tensor] = None, ok: Optional[torch.Tensor] = None) -> None:
         """Fold one curvature estimate per parameter (in parameter order; a bare tensor
         when there is one parameter) into the EMA, for the visible rows only. An invisible
         Gaussian's estimate is zero because no pixel saw it, and folding that in would
@@ -424,13 +432,14 @@ class HybridOptimizer(torch.optim.Optimizer):
                     raise ValueError(
                         f"curvature estimate has shape {tuple(estimate.shape)}, parameter {tuple(param.shape)}"
                     )
-                rows = self._rows_mask(visible, param)
+                rows = _and(self._rows_mask(visible, param), ok)
                 state = self._state(param)
                 hessian = state["hessian"].lerp(estimate.to(param.dtype), 1 - beta)
                 _assign(state["hessian"], hessian, rows)
                 state["hessian_count"].add_(1 if rows is None else rows.to(param.dtype))
                 if group["calibration_quantile"] is not None:
-                    state["kappa"] = self._calibrated_curvature_scale(state, group, param)
+                    kappa = self._calibrated_curvature_scale(state, group, param)
+                    state["kappa"] = kappa if ok is None else torch.where(ok, kappa, state["kappa"])
 
     def _calibrated_curvature_scale(self, state: dict, group: dict, param: torch.Tensor) -> torch.Tensor:
         """The kappa at which the Newton step equals Adam's at the `calibration_quantile` of
@@ -443,12 +452,19 @@ class HybridOptimizer(torch.optim.Optimizer):
         curvature = self._curvature(state, group, param, 1.0)
         ratio = (adam / curvature)[(curvature > 0) & (adam > 0)]
         if ratio.numel() == 0:
-            return torch.zeros((), dtype=torch.float64)
+            return torch.zeros((), dtype=torch.float64, device=param.device)
         if ratio.numel() > _QUANTILE_SAMPLE:  # torch.quantile's input limit; a uniform sample is as good
             ratio = ratio[torch.randint(ratio.numel(), (_QUANTILE_SAMPLE,), device=ratio.device)]
         if ratio.dtype not in (torch.float32, torch.float64):
             ratio = ratio.float()  # torch.quantile's dtypes
-        return torch.quantile(ratio, group["calibration_quantile"]).double().cpu()
+        return torch.quantile(ratio, group["calibration_quantile"]).double()
+
+
+def _and(rows: Optional[torch.Tensor], ok: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The rows to update: `rows` ([N] bool or None = all) and the step's `ok` (0-d bool or None)."""
+    if ok is None:
+        return rows
+    return ok.reshape(1) if rows is None else rows & ok
 
 
 def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:

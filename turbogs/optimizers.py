@@ -6,7 +6,7 @@ no optimizer by name:
     optimizers = cfg.optimizer.build(params, rates)      # one per parameter, as INRIA's groups
     curvature = cfg.optimizer.estimate_curvature(...) if cfg.optimizer.wants_curvature(step) else None
     loss.backward()
-    cfg.optimizer.step(optimizers, visible, curvature)   # step and zero the gradients
+    cfg.optimizer.step(optimizers, visible, curvature, ok)   # step (unless ok is False) and zero the gradients
 
 One optimizer per parameter so that density control can edit each one's rows
 (turbogs/density/rows.py). Adam lives here; the hybrid optimizer's config is
@@ -42,10 +42,21 @@ class OptimizerConfig:
         """Curvature estimates from the rendered pixels (before backward), per parameter."""
         return None
 
-    def step(self, optimizers: Optimizers, visible: Tensor, curvature: Optional[Dict[str, Tensor]]) -> None:
-        """Step every optimizer and clear its gradients. `visible` [N]: the rendered rows."""
+    def step(self, optimizers: Optimizers, visible: Tensor, curvature: Optional[Dict[str, Tensor]],
+             ok: Optional[Tensor] = None) -> None:
+        """Step every optimizer and clear its gradients. `visible` [N]: the rendered rows.
+        `ok`: a device bool; where False (a non-finite step) nothing changes.
+
+        Fused Adam takes `ok` as its `found_inf` and skips the update on the device, with no
+        read (as under a GradScaler); any other optimizer reads `ok` (one host read)."""
+        fused = all(o.defaults.get("fused") for o in optimizers.values())
+        skip = ok is not None and not fused and not bool(ok)
+        found_inf = None if ok is None or not fused else (~ok).to(torch.float32)
         for optimizer in optimizers.values():
-            optimizer.step()
+            if found_inf is not None:
+                optimizer.found_inf = found_inf  # read by torch's Adam.step, passed to the fused kernel
+            if not skip:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
 
@@ -55,6 +66,11 @@ class AdamConfig(OptimizerConfig):
 
     name: ClassVar[str] = "adam"
     eps: float = 1e-15
+    # torch's fused kernel (CPU and CUDA): one op per parameter, and its step counter stays on
+    # the device. The default (foreach) Adam reads each counter back to the host every step.
+    # It rounds the last bits differently (tests/test_refactor_identity.py gives the tolerance).
+    fused: bool = True
 
     def build(self, params: Mapping[str, Tensor], rates: Mapping[str, float]) -> Optimizers:
-        return {name: torch.optim.Adam([param], lr=rates[name], eps=self.eps) for name, param in params.items()}
+        return {name: torch.optim.Adam([param], lr=rates[name], eps=self.eps, fused=self.fused or None)
+                for name, param in params.items()}

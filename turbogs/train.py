@@ -33,14 +33,18 @@ from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.init_points import initial_points
-from turbogs.metrics import sampled_psnr
+from turbogs.metrics import sampled_psnr_tensor
 from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
+from turbogs.running_stats import RunningStats
+from turbogs.step_observer import StepObserver
 from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
+from turbogs.train_views import TrainingViews
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
+BAR_REFRESH_SECONDS = 0.5  # the progress bar's figures are read from the device this often
 # torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -114,37 +118,6 @@ class ViewOrder:
         self.queue = list(state["queue"])
 
 
-@dataclass
-class RunningStats:
-    """Figures for the progress bar and the viewer: smoothed loss and PSNR, and what density
-    control did over the run (from the stats its after_backward returns)."""
-
-    loss: float = 0.0
-    psnr: float = 0.0
-    skipped_steps: int = 0
-    grown: int = 0  # Gaussians cloned or split
-    pruned: int = 0
-    budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
-
-    def update(self, loss: float, psnr: Optional[float], density: Optional[dict] = None) -> None:
-        if self.loss == 0.0:
-            self.loss = loss
-        if self.psnr == 0.0 and psnr is not None:
-            self.psnr = psnr
-        self.loss = 0.9 * self.loss + 0.1 * loss
-        if psnr is not None:
-            self.psnr = 0.9 * self.psnr + 0.1 * psnr
-        density = density or {}
-        self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
-        self.pruned += int(density.get("n_pruned", 0))
-        if density.get("budget") is not None:
-            self.budget = int(density["budget"])
-
-    def density_figures(self) -> dict:
-        figures = {"grown": self.grown, "pruned": self.pruned}
-        return figures if self.budget is None else {**figures, "budget": self.budget}
-
-
 # --- the run ----------------------------------------------------------------------
 
 
@@ -165,8 +138,10 @@ class Trainer:
         self.background = torch.ones(3) if scene.white_background else torch.zeros(3)
         self.background = self.background.to(self.device)
         data_device = options.data_device or self.device
-        self.train_images = [c.image.to(data_device) for c in scene.train]
-        self.train_masks = [None if c.mask is None else c.mask.to(data_device) for c in scene.train]
+        self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
+                                         [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
+                                         self.device)
+        self.train_images = self.train_views.images
         self.gaussians = initial_gaussians(scene, cfg, self.generator, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
@@ -185,7 +160,7 @@ class Trainer:
         self.stats = RunningStats()
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
-        self.bad_streak = 0
+        self.observer = StepObserver()
 
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or of the time budget when there is one."""
@@ -201,13 +176,12 @@ class Trainer:
         self.apply_schedules(progress)
 
         pick = self.pick(progress)
-        camera = self.scene.train[pick.view]
-        gt, mask = self.train_images[pick.view].to(self.device), self.train_masks[pick.view]
-        mask = None if mask is None else mask.to(self.device)
+        camera, gt, mask = self.train_views.get(pick.view)  # pick.view: an int, or an index on the device
         background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
-        out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
+        with self.observer.render():
+            out = render(self.gaussians, camera, background=background, tile_mask=pick.tile_mask, extra_features=features)
         image = out.image if self.appearance is None else self.appearance(out.image, pick.view)  # as this photo shows it
         if self.tile_loss is not None:
             loss, tile_errors = self.tile_loss(image, gt, pick.tile_ids, mask)
@@ -220,23 +194,25 @@ class Trainer:
             loss = loss + extra
         curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
         self.density.before_backward(self.density_state, out)
-        loss.backward()
+        with self.observer.backward():
+            loss.backward()
 
-        if not self._finite(loss):
-            self._skip_step()
-            return
-        self.bad_streak = 0
+        # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
+        # on the device (`ok`): every update below is masked by it, and the skipped steps are
+        # counted there and read when the figures are (read_device_figures).
+        ok = self._finite(loss)
         with torch.no_grad():
-            if self.memory is not None:
-                self.memory.update(pick.view, pick.tile_ids, tile_errors)
+            if self.memory is not None:  # the memory ignores non-finite tile errors
+                self.memory.update(pick.view, pick.tile_ids, torch.where(ok, tile_errors, float("nan")))
             # The optimizer steps before density control changes the rows that `out` describes.
-            cfg.optimizer.step(self.optimizers, out.visible, curvature)
+            cfg.optimizer.step(self.optimizers, out.visible, curvature, ok)
             if self.appearance is not None:
-                self.appearance.step()
+                self.appearance.step(ok)
             density_stats = self.density.after_backward(self.density_state, DensityStep(
                 self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
-                self.extent, features))
-            self.stats.update(loss.item(), sampled_psnr(image, gt, pick.tile_mask, mask), density_stats)
+                self.extent, features, ok))
+            self.observer.density(density_stats)
+            self.stats.update(loss, sampled_psnr_tensor(image, gt, pick.tile_mask, mask), density_stats, ok)
 
     def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
@@ -244,7 +220,9 @@ class Trainer:
             return None
         height, width = out.image.shape[:2]
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        return self.cfg.optimizer.estimate_curvature(out.image[inside], self.gaussians.params, self.generator)
+        pixels = out.image[inside]
+        with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
+            return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, self.generator)
 
     def warm_up(self) -> None:
         """Untimed, before the training clock starts: one render, loss and backward of the
@@ -288,22 +266,28 @@ class Trainer:
         """What this step trains on: a view and, when sampling tiles, which of its tiles."""
         if self.sampler is None:
             return TileSample(self.views.next())
-        return self.sampler.sample(progress)
+        return self.sampler.sample(progress, view_on_device=self.train_views.stacked)
 
-    def _finite(self, loss: torch.Tensor) -> bool:
-        if not torch.isfinite(loss) or (self.appearance is not None and not self.appearance.finite()):
-            return False
-        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.gaussians.params.values())
-
-    def _skip_step(self) -> None:
-        """A step with a non-finite loss or gradient changes nothing; too many in a row stop the run."""
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
+    def _finite(self, loss: torch.Tensor) -> torch.Tensor:
+        """A device bool, no read: the loss and every gradient finite (the per-photo appearance
+        transforms' too). The largest magnitude of each gradient (one _foreach op; NaN
+        propagates through it) and the loss, tested together."""
+        params = list(self.gaussians.params.values())
         if self.appearance is not None:
-            self.appearance.zero_grad()
-        self.stats.skipped_steps += 1
-        self.bad_streak += 1
-        if self.bad_streak >= MAX_BAD_STEPS:
+            params += list(self.appearance.parameters())
+        grads = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+        peaks = list(torch._foreach_norm(grads, float("inf"))) if grads else []
+        return torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all()
+
+    @property
+    def bad_streak(self) -> int:
+        """Non-finite steps in a row, as of the last read_device_figures()."""
+        return self.stats.bad_streak
+
+    def read_device_figures(self) -> None:
+        """The one place where the step's figures come to the host (bar refreshes, the viewer,
+        checkpoints, the end): one read. Too many skipped steps in a row stop the run here."""
+        if self.stats.refresh() >= MAX_BAD_STEPS:
             if not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
                 self.save_checkpoint()
@@ -325,9 +309,8 @@ class Trainer:
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "bad_streak": self.bad_streak,
             "elapsed": self.elapsed,
-            "stats": vars(self.stats).copy(),
+            "stats": self.stats.state_dict(),
             "appearance": None if self.appearance is None else self.appearance.state(),
             "config": self.cfg.to_dict(),
         }
@@ -348,9 +331,8 @@ class Trainer:
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         load_appearance(self.appearance, state.get("appearance"))
-        self.bad_streak = state.get("bad_streak", 0)
         self.elapsed = state["elapsed"]
-        self.stats = RunningStats(**state["stats"])
+        self.stats = RunningStats(**{"bad_streak": state.get("bad_streak", 0), **state["stats"]})
         self.step = state["step"]
 
     def save_checkpoint(self) -> None:
@@ -359,7 +341,7 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        last_checkpoint = time.perf_counter()
+        last_checkpoint = last_refresh = time.perf_counter()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.options.progress, dynamic_ncols=True,
                    unit="step", desc="train")
         viewer = self.options.viewer
@@ -376,13 +358,17 @@ class Trainer:
                     raise self._out_of_memory() from None
 
                 bar.update(1)
-                bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
-                                gaussians=len(self.gaussians), **self.stats.density_figures(),
-                                skipped=self.stats.skipped_steps, refresh=False)
+                if time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS or self.progress() >= 1.0:
+                    self.read_device_figures()
+                    bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
+                                    gaussians=len(self.gaussians), **self.stats.density_figures(),
+                                    skipped=self.stats.skipped_steps, refresh=False)
+                    last_refresh = time.perf_counter()
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
                 if self._checkpoint_due(last_checkpoint):
+                    self.read_device_figures()
                     self.save_checkpoint()
                     last_checkpoint = time.perf_counter()
         finally:
@@ -411,6 +397,7 @@ class Trainer:
         return cfg.checkpoint_every_seconds > 0 and time.perf_counter() - last >= cfg.checkpoint_every_seconds
 
     def progress_stats(self) -> dict:
+        self.read_device_figures()
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
                 "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
@@ -418,6 +405,7 @@ class Trainer:
         """Write the model (atomically), a final checkpoint, and evaluate."""
         options = self.options
         out = Path(options.out_dir)
+        self.read_device_figures()
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now

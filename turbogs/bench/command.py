@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from turbogs.bench.audit import run_step_audit
 from turbogs.bench.report import PSNR_TOLERANCE_DB
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench
 from turbogs.bench.step_cost import run_step_cost
@@ -53,6 +54,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="with --step-cost: clone the initial Gaussians up to N (default: the initial ones)")
     p.add_argument("--step-cost-profile", action="store_true",
                    help="with --step-cost: also write torch.profiler's costliest ops to profile.txt")
+    p.add_argument("--step-audit", action="store_true",
+                   help="instead: count host reads and aten ops per training step of the trainer's own code, "
+                        "outside render and backward (step_audit.json); --steps N: steps counted (default 100)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
     return p
@@ -60,6 +64,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     argv = args.argv
+    if args.step_cost and args.step_audit:
+        raise InputError("bench: --step-cost and --step-audit are separate measurements; give one")
+    if args.step_audit and args.budget_seconds is not None:
+        raise InputError("bench: --step-audit counts steps; use --steps N, not --budget-seconds")
+    audit_steps = args.steps if args.step_audit else None
+    if args.step_audit:
+        args.steps = None
     if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
         raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
     kernels.use_torch_twins(args.torch_twins)
@@ -70,6 +81,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         device=pick_device(args.device, args.threads), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
         command="turbogs " + shlex.join(argv),
     )
+    if args.step_audit:
+        run_step_audit(settings, steps=audit_steps)
+        return 0
     if args.step_cost:
         run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians,
                       profile=args.step_cost_profile)

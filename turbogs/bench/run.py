@@ -241,6 +241,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
         bar.update(advance)
         bar_share += advance
         if marks.due(trainer.step, trainer.elapsed):
+            trainer.read_device_figures()  # skipped steps; a diverged run stops here
             points.append(evaluation_point(trainer, scene, False, settings.log)[0])
             meter.sample()
             bar.write(f"{name}: {points[-1]['seconds']:.1f} s, step {trainer.step}, "
@@ -252,6 +253,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     if full_share > bar_share:  # a preset that stopped early still fills its share
         bar.update(full_share - bar_share)
 
+    trainer.read_device_figures()
     entry = {
         "points": points,
         "steps": trainer.step,

@@ -44,6 +44,18 @@ class DensityStep:
     height: int
     scene_extent: float
     features: Optional[Tensor] = None  # the leaf render_features() returned; .grad holds its gradient
+    # A 0-d device bool: False when the step's loss or a gradient was not finite. Such a step
+    # must change nothing; the trainer does not read it, so statistics are masked by it, and
+    # a scheduled change of the Gaussians reads it (`good()`). None = a good step.
+    ok: Optional[Tensor] = None
+
+    def good(self) -> bool:
+        """Whether the step was finite: one host read, for density control's scheduled steps only."""
+        return self.ok is None or bool(self.ok)
+
+    def seen(self, mask: Tensor) -> Tensor:
+        """`mask` (e.g. the visible Gaussians), and nothing on a non-finite step; no read."""
+        return mask if self.ok is None else mask & self.ok
 
 
 class Strategy:

@@ -243,15 +243,17 @@ class ErrorDrivenDensity(Strategy):
         blame = None if probe is None else probe.grad
         stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
         if self.needs_blame(progress):
-            self._accumulate(state, gaussians, step_info.render, step_info.width, step_info.height, blame)
-            if self.should_densify(step, progress):
+            self._accumulate(state, gaussians, step_info.render, step_info.width, step_info.height, blame,
+                             step_info.ok)
+            if self.should_densify(step, progress) and step_info.good():
                 stats.update(self.densify_and_prune(state, gaussians, step_info.optimizers, step_info.scene_extent,
                                                     progress))
         stats["n_gaussians"] = len(gaussians)
         stats["budget"] = self.budget_at(progress)
         return stats
 
-    def _accumulate(self, state, gaussians, render_out, width, height, blame) -> None:
+    def _accumulate(self, state, gaussians, render_out, width, height, blame, ok=None) -> None:
+        """Add the step's blame, weight and exposures; nothing when `ok` (a device bool) is False."""
         n = len(gaussians)
         if state["blame"].shape[0] != n:
             raise RuntimeError(
@@ -264,10 +266,13 @@ class ErrorDrivenDensity(Strategy):
         if tuple(blame.shape) != (n, PROBE_CHANNELS):
             raise ValueError(f"blame has shape {tuple(blame.shape)}, expected [{n}, {PROBE_CHANNELS}]")
         blame = blame.to(state["blame"])
+        exposed = exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask, width, height)
+        if ok is not None:  # masked, not branched on: no host read
+            blame = torch.where(ok, blame, 0.0)
+            exposed = exposed & ok
         state["blame"] += blame[:, 0]
         state["weight"] += blame[:, 1]
-        state["exposed"] += exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
-                                              width, height)
+        state["exposed"] += exposed
 
     # --- densification ------------------------------------------------------------
     @torch.no_grad()

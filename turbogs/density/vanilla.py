@@ -117,19 +117,19 @@ class VanillaDensity(Strategy):
         render_out, width, height, scene_extent = step_info.render, step_info.width, step_info.height, step_info.scene_extent
         stats = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0, "opacity_reset": False}
         if step < cfg.densify_until:
-            self._accumulate(state, gaussians, render_out, width, height)
+            self._accumulate(state, gaussians, render_out, width, height, step_info)
 
-            if step > cfg.densify_from and step % cfg.densify_every == 0:
+            if step > cfg.densify_from and step % cfg.densify_every == 0 and step_info.good():
                 stats.update(self._densify_and_prune(state, step, gaussians, optimizers, scene_extent))
 
-            if step > 0 and step % cfg.opacity_reset_every == 0:
+            if step > 0 and step % cfg.opacity_reset_every == 0 and step_info.good():
                 reset_opacity(gaussians, optimizers, ceiling=0.01)
                 stats["opacity_reset"] = True
         stats["n_gaussians"] = len(gaussians)
         return stats
 
     # --- pieces -------------------------------------------------------------------
-    def _accumulate(self, state, gaussians, render_out, width, height) -> None:
+    def _accumulate(self, state, gaussians, render_out, width, height, step_info: Optional[DensityStep] = None) -> None:
         n = len(gaussians)
         if state["grad2d"].shape[0] != n:
             raise RuntimeError(
@@ -142,6 +142,8 @@ class VanillaDensity(Strategy):
         if grad.shape != (n, 2):
             raise ValueError(f"means2d gradient has shape {tuple(grad.shape)}, expected [{n}, 2]")
         visible = render_out.visible.to(grad.device)
+        if step_info is not None:
+            visible = step_info.seen(visible)  # a non-finite step adds nothing
         radii = render_out.radii
         if radii.dim() == 2:  # per-axis radii: the footprint is the larger one
             radii = radii.max(dim=-1).values

@@ -74,6 +74,12 @@ def available() -> bool:
 
 
 def memory_update(errors, view, num_tiles, tile_ids, tile_errors, decay):
+    if torch.is_tensor(view):  # an index on the device: update a copy of its row, written back (no read)
+        index = view.reshape(1)
+        row = errors.index_select(0, index).contiguous()
+        memory_update(row, 0, num_tiles, tile_ids, tile_errors, decay)
+        errors.index_copy_(0, index, row)
+        return
     _module().memory_update(
         errors, int(view), int(num_tiles), tile_ids.contiguous(), tile_errors.detach().float().contiguous(),
         float(decay),

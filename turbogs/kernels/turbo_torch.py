@@ -37,15 +37,24 @@ def gumbel(uniforms: Tensor) -> Tensor:
 # --- error memory ----------------------------------------------------------------------
 
 
-def memory_update(errors: Tensor, view: int, num_tiles: int, tile_ids: Tensor, tile_errors: Tensor,
+def memory_update(errors: Tensor, view, num_tiles: int, tile_ids: Tensor, tile_errors: Tensor,
                   decay: float) -> None:
     """In place: errors[view, t] <- x on the first observation, else decay * e + (1 - decay) * x.
     Ids outside [0, num_tiles) and non-finite errors are ignored. Ids must be unique."""
     x = tile_errors.detach().to(errors.dtype)
-    ok = (tile_ids >= 0) & (tile_ids < num_tiles) & torch.isfinite(x)
-    ids, x = tile_ids[ok], x[ok]
-    old = errors[view, ids]
-    errors[view, ids] = torch.where(torch.isinf(old), x, decay * old + (1.0 - decay) * x)
+    in_grid = (tile_ids >= 0) & (tile_ids < num_tiles)
+    ok = in_grid & torch.isfinite(x)
+    # No boolean index (its size would need a host read): every id is written, ids outside the
+    # grid into a spare slot past the view's tiles, and the ignored ones with their old value.
+    full = errors.index_select(0, view.reshape(1))[0] if torch.is_tensor(view) else errors[view]
+    row = torch.cat([full[:num_tiles], errors.new_zeros(1)])
+    ids = torch.where(in_grid, tile_ids, num_tiles)
+    old = row[ids]
+    row[ids] = torch.where(ok, torch.where(torch.isinf(old), x, decay * old + (1.0 - decay) * x), old)
+    if torch.is_tensor(view):  # a device index (indexing by a 0-d tensor would read it back)
+        errors.index_copy_(0, view.reshape(1), torch.cat([row[:num_tiles], full[num_tiles:]])[None])
+    else:
+        errors[view, :num_tiles] = row[:num_tiles]
 
 
 def view_sample_keys(errors: Tensor, tile_counts: Tensor, view_floor: float, uniforms: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -131,15 +131,20 @@ class ErrorMemory:
         """Blend newly measured errors of a view's tiles into the memory.
 
         tile_ids: [K] unique int64 ids; tile_errors: [K] (e.g. TileLoss's tile_errors).
-        Ids outside the view's grid and non-finite errors are ignored."""
-        self._check_view(view)
+        Ids outside the view's grid and non-finite errors are ignored. `view` may be a 0-d
+        index tensor on the device (all views of one grid, see TileSampler.sample)."""
+        if torch.is_tensor(view):
+            num_tiles = self.num_tiles(0)
+        else:
+            self._check_view(view)
+            num_tiles = self.num_tiles(view)
         tile_ids = tile_ids.to(device=self.device, dtype=torch.int64).reshape(-1)
         tile_errors = tile_errors.detach().to(device=self.device, dtype=torch.float32).reshape(-1)
         if tile_ids.numel() != tile_errors.numel():
             raise ValueError(f"{tile_ids.numel()} tile ids but {tile_errors.numel()} tile errors")
         if tile_ids.numel() == 0:
             return
-        kernels.error_memory_update(self.errors, view, self.num_tiles(view), tile_ids, tile_errors, self.ema_decay)
+        kernels.error_memory_update(self.errors, view, num_tiles, tile_ids, tile_errors, self.ema_decay)
 
     def view_error(self, view: int) -> Tensor:
         """[TH, TW] copy of a view's tile errors (+inf = never rendered), e.g. for a heatmap."""
@@ -186,7 +191,7 @@ class ErrorMemory:
 class TileSample:
     """What to render this step: a view and, when sampling tiles, which of its tiles."""
 
-    view: int  # index into the training views
+    view: Union[int, Tensor]  # index into the training views (or a 0-d index tensor on the device)
     tile_ids: Optional[Tensor] = None  # [K] int64, ascending, unique: ids ty * TW + tx; None = every tile
     tile_mask: Optional[Tensor] = None  # [TH, TW] bool, True at tile_ids (for render(..., tile_mask=))
 
@@ -221,20 +226,26 @@ class TileSampler:
         k = math.ceil(self.config.fraction_at(progress) * total - 1e-9)
         return min(max(k, 1), total)
 
-    def sample(self, progress: float) -> TileSample:
+    def sample(self, progress: float, view_on_device: bool = False) -> TileSample:
+        """A view and K of its tiles. With `view_on_device`, when every view has the same tile
+        grid, the view stays a 0-d tensor on the memory's device: no host read (the same draws)."""
         memory, config = self.memory, self.config
         device = memory.device
         view_uniforms = torch.rand(memory.num_views, generator=self.generator, device=device)
         view_keys = kernels.view_sample_keys(memory.errors, memory.tile_counts, config.view_floor, view_uniforms)
-        view = int(torch.argmax(view_keys))
+        best = torch.argmax(view_keys)
+        on_device = view_on_device and len(set(memory.grids)) == 1
+        view = best if on_device else int(best)
 
-        total = memory.num_tiles(view)
-        k = self.tiles_per_step(view, progress)
+        grid_of = 0 if on_device else view  # on the device: every view has view 0's grid
+        total = memory.num_tiles(grid_of)
+        k = self.tiles_per_step(grid_of, progress)
         tile_uniforms = torch.rand(total, generator=self.generator, device=device)
-        tile_keys = kernels.tile_sample_keys(memory.errors[view, :total], config.gamma, config.tile_floor, tile_uniforms)
+        errors_row = memory.errors.index_select(0, view.reshape(1))[0] if on_device else memory.errors[view]
+        tile_keys = kernels.tile_sample_keys(errors_row[:total], config.gamma, config.tile_floor, tile_uniforms)
         tile_ids = torch.topk(tile_keys, k, sorted=False).indices.sort().values
 
-        rows, cols = memory.grid(view)
+        rows, cols = memory.grid(grid_of)
         tile_mask = torch.zeros(rows * cols, dtype=torch.bool, device=device)
         tile_mask[tile_ids] = True
         return TileSample(view, tile_ids, tile_mask.reshape(rows, cols))
