@@ -79,7 +79,7 @@ def test_data_device_cpu_keeps_images_off_the_compute_device(demo, tmp_path):
     trainer = Trainer(scene, get_preset("3dgs").for_run(steps=4), RunOptions(
         out_dir=tmp_path, progress=False, log=quiet, data_device=torch.device("cpu")))
     trainer.run_step()
-    assert all(image.device.type == "cpu" for image in trainer.train_images)
+    assert all(image.device.type == "cpu" for image in trainer.train_views.images)
 
 
 def test_out_of_memory_saves_a_checkpoint_and_exits_2(demo, tmp_path, monkeypatch, capsys):

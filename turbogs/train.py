@@ -141,7 +141,6 @@ class Trainer:
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
                                          [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
                                          self.device)
-        self.train_images = self.train_views.images
         self.gaussians = initial_gaussians(scene, cfg, self.generator, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
@@ -229,7 +228,7 @@ class Trainer:
         first view (every tile, so the tile loss runs too), so that the CUDA context, kernel
         loading and libraries' lazy set-up are not paid inside the first timed step. Changes
         no parameter, optimizer state, statistic or random stream."""
-        camera, gt = self.scene.train[0], self.train_images[0].to(self.device)
+        camera, gt, _ = self.train_views.get(0)
         out = render(self.gaussians, camera, background=self.background)
         if self.tile_loss is not None:
             tile_rows, tile_cols = tile_grid(camera.height, camera.width)
