@@ -18,7 +18,8 @@ from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians
 from turbogs.render import render
 from turbogs.metrics import sampled_psnr
-from turbogs.train import RunOptions, Trainer, train
+from turbogs.train import RunOptions, Trainer
+from turbogs.train_run import train
 
 _spec = importlib.util.spec_from_file_location("make_captures", REPO / "scenes" / "make_captures.py")
 captures = importlib.util.module_from_spec(_spec)

@@ -10,7 +10,8 @@ from turbogs import checkpoint
 from turbogs.config import get_preset
 from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
-from turbogs.train import RunOptions, Trainer, train
+from turbogs.train import RunOptions, Trainer
+from turbogs.train_run import train
 
 
 def quiet(*_):

@@ -27,7 +27,7 @@ def test_sparse_error_guided_training_converges(scene, tmp_path):
     before = evaluate_views(trainer.gaussians, scene.test, trainer.background, lpips_note=False)["mean"]["psnr"]
     rendered_fraction, first_pass_error = [], None
     while trainer.progress() < 1.0:
-        pick = trainer.pick(trainer.progress())
+        pick = trainer.pick(trainer.progress())[0]  # the step's one view
         if pick.tile_mask is not None:
             rendered_fraction.append(float(pick.tile_mask.float().mean()))
         trainer.run_step()
@@ -55,7 +55,7 @@ def test_turbo_checkpoint_restores_error_memory_and_sampler(scene, tmp_path):
     second = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
     second.load_state_dict(state)
     assert torch.equal(second.memory.errors, first.memory.errors)
-    a, b = first.pick(0.5), second.pick(0.5)
+    (a,), (b,) = first.pick(0.5), second.pick(0.5)
     assert a.view == b.view and torch.equal(a.tile_ids, b.tile_ids)
 
 

@@ -26,12 +26,34 @@ DEFAULT_PORT = 8080
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
+    from turbogs import distributed
+
+    out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
+    if args.nproc > 1 and not distributed.launched_by_torchrun():
+        from turbogs.checkpoint import checkpoint_dir
+        from turbogs.launch import run_ranks, strip_nproc
+
+        return run_ranks(args.nproc, strip_nproc(args.argv), checkpoints=str(checkpoint_dir(out_dir)))
+    device = pick_device(args.device, args.threads)
+    world = distributed.join(device.type, timeout_minutes=24 * 60 if args.viewer else 30)
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+    try:
+        return train_as_rank(args, world, device, out_dir)
+    finally:
+        world.close()
+
+
+def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int:
+    """`turbogs train` on one process, or on one rank of several (rank 0 alone speaks and writes)."""
+    import torch
+
     from turbogs import kernels
     from turbogs.config import get_preset
     from turbogs.data.load import load_scene
-    from turbogs.train import RunOptions, train
+    from turbogs.train import RunOptions
+    from turbogs.train_run import train
 
-    device = pick_device(args.device, args.threads)
     kernels.use_torch_twins(args.torch_twins)
     cfg = get_preset(args.preset)
     cfg.seed = args.seed
@@ -45,19 +67,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.checkpoint_every_steps = args.checkpoint_every_steps
     apply_ablations(cfg, args)
     cfg.appearance.enabled = cfg.appearance.enabled or args.appearance
-    cfg = cfg.for_run(args.steps, args.budget_seconds)
-    out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
+    cfg.batch_views = args.batch_views
+    cfg = cfg.for_run(args.steps, args.budget_seconds, world_size=world.size)
 
-    scene = load_scene(args.scene, resolution=args.resolution, images=args.images, eval_split=args.eval,
-                       white_background=args.white_background, test_every=cfg.test_every)
-    print(f"scene {args.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
-          f"{scene.train[0].width}x{scene.train[0].height} px, "
-          f"{0 if scene.points is None else len(scene.points)} SfM points; preset {cfg.preset}, "
-          + (f"{cfg.budget_seconds:g} s budget (at most {cfg.steps} steps)" if cfg.budget_seconds else f"{cfg.steps} steps")
-          + f" on {device}")
+    failure, scene = None, None
+    try:
+        scene = load_scene(args.scene, resolution=args.resolution, images=args.images, eval_split=args.eval,
+                           white_background=args.white_background, test_every=cfg.test_every)
+    except TurboGSError as exc:
+        failure = exc
+    world.agree(failure)  # every rank read the capture, or every rank stops
+    if world.is_main:
+        ranks = f" x {world.size} ranks ({world.backend})" if world.size > 1 else ""
+        print(f"scene {args.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
+              f"{scene.train[0].width}x{scene.train[0].height} px, "
+              f"{0 if scene.points is None else len(scene.points)} SfM points; preset {cfg.preset}, "
+              + (f"{cfg.budget_seconds:g} s budget (at most {cfg.steps} steps)" if cfg.budget_seconds else f"{cfg.steps} steps")
+              + f" of {cfg.batch_views} view(s) on {device}{ranks}")
 
     viewer = None
-    if args.viewer:
+    if args.viewer and world.is_main:
         from turbogs.viewer import LiveViewer
 
         viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control)
@@ -65,9 +94,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                          evaluate=True, progress=not args.quiet, images=args.images,
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
                          data_device=None if args.data_device == "auto" else torch.device(args.data_device),
-                         max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30))
+                         max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30),
+                         world=world, viewer_on_main=args.viewer and not world.is_main)
     try:
         summary = train(scene, cfg, options)
+        if not world.is_main:
+            return 0
         report(summary, out_dir)
         if viewer is not None:
             from turbogs.model import latest_iteration, point_cloud_path
@@ -275,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
     p.add_argument("--density", choices=["3dgs", "error"], help="density control: INRIA's gradient rule or error-driven")
     p.add_argument("--optimizer", choices=["adam", "hybrid"], help="Adam, or the hybrid Hessian-informed/Adam optimizer")
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                   help="data-parallel: N ranks on this machine, one view each per step (one GPU each on CUDA; "
+                        "gloo on CPU). Across machines: torchrun --nnodes M --nproc_per_node N -m turbogs train ...")
+    p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
+                   help="views per optimizer step on each rank (their mean loss; learning rates x sqrt(views per "
+                        "step), schedules counted in views). --steps counts optimizer steps")
     p.add_argument("--viewer", action="store_true", help="watch training live in the browser")
     add_server(p)
     p.add_argument("--no-block", action="store_true", help="with --viewer: exit when training ends instead of serving on")

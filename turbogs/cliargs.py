@@ -87,7 +87,8 @@ def run_command(parser: argparse.ArgumentParser, argv: List[str]) -> int:
     try:
         return args.func(args)
     except TurboGSError as exc:
-        print(f"turbogs {args.command}: error: {exc}", file=sys.stderr)
+        if not getattr(exc, "quiet", False):  # a rank > 0 stopping for a reason rank 0 reports
+            print(f"turbogs {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"turbogs {args.command}: interrupted", file=sys.stderr)

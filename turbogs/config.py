@@ -35,6 +35,10 @@ class LearningRates:
     quats: float = 1e-3
 
 
+# Learning-rate factor for V views per step.
+BATCH_LR_RULES: Dict[str, Callable[[int], float]] = {"sqrt": lambda views: views ** 0.5, "none": lambda views: 1.0}
+
+
 @dataclass
 class LossWeights:
     lambda_ssim: float = 0.2  # L1 * (1 - l) + D-SSIM * l, as in INRIA
@@ -67,16 +71,29 @@ class TrainConfig:
     checkpoint_every_seconds: float = 60.0  # wall-clock, so that a killed run loses little
     checkpoint_every_steps: int = 0  # 0 = by time only
     test_every: int = 8  # every 8th image in name order is a test view with --eval
+    # Views per optimizer step on each process (--batch-views); R ranks train R x this per step.
+    batch_views: int = 1
+    world_size: int = 1  # the ranks this config was sized for (set by for_run)
+    # How the learning rates follow V views per step (the gradient is their mean): "sqrt"
+    # multiplies them by sqrt(V) (Grendel-GS's rule), "none" keeps them.
+    batch_lr_rule: str = "sqrt"
 
-    def for_run(self, steps: Optional[int] = None, budget_seconds: Optional[float] = None) -> "TrainConfig":
+    def for_run(self, steps: Optional[int] = None, budget_seconds: Optional[float] = None,
+                world_size: int = 1) -> "TrainConfig":
         """This preset sized for one run: a time budget (schedules follow the elapsed
-        fraction), or --steps alone (a step-based run, no budget), or the preset's own."""
-        cfg = dataclasses.replace(self)
+        fraction), or --steps alone (a step-based run, no budget), or the preset's own; on
+        `world_size` ranks of `batch_views` views each, a run of S steps is scheduled as a
+        run of S x views single-view steps, counted in steps of that many views."""
+        cfg = dataclasses.replace(self, world_size=world_size)
         if budget_seconds is not None:
             cfg.budget_seconds = budget_seconds
         elif steps is not None:
             cfg.budget_seconds = None
-        return cfg.scaled_to(steps if steps is not None else cfg.steps)
+        total = steps if steps is not None else cfg.steps
+        views = world_size * cfg.batch_views
+        if cfg.batch_views < 1 or world_size < 1:
+            raise TurboGSError(f"need at least one view per step and one rank, got {cfg.batch_views} and {world_size}")
+        return dataclasses.replace(cfg.scaled_to(total * views).for_views_per_step(views), steps=total)
 
     def scaled_to(self, steps: int) -> "TrainConfig":
         """This config for a run of `steps` steps: schedules that INRIA states for 30k
@@ -85,6 +102,25 @@ class TrainConfig:
         cfg.density = self.density.scaled(steps)
         cfg.sh_increase_every = max(1, min(self.sh_increase_every, steps // (self.sh_degree * 2 + 1) or 1))
         return cfg
+
+    def for_views_per_step(self, views: int) -> "TrainConfig":
+        """This config for steps of `views` views (batch_views x ranks), from one scheduled in
+        single-view steps (for_run does both): the learning rates by
+        `batch_lr_rule`, and what is counted in steps (densification, SH growth) divided by
+        `views`, so that it still happens after as many views. One view: unchanged."""
+        if views < 1:
+            raise TurboGSError(f"views per step must be at least 1, got {views}")
+        if self.batch_lr_rule not in BATCH_LR_RULES:
+            raise TurboGSError(f"unknown batch_lr_rule '{self.batch_lr_rule}' (choose from: {', '.join(BATCH_LR_RULES)})")
+        if views == 1:
+            return self
+        factor = BATCH_LR_RULES[self.batch_lr_rule](views)
+        return dataclasses.replace(
+            self,
+            lr=LearningRates(**{name: rate * factor for name, rate in dataclasses.asdict(self.lr).items()}),
+            density=self.density.per_views(views),
+            sh_increase_every=max(1, round(self.sh_increase_every / views)),
+        )
 
     def to_dict(self) -> dict:
         """Plain data; the density and optimizer settings carry their `kind` (for from_dict)."""

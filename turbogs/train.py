@@ -2,8 +2,11 @@
 
 One step is the algorithm of the paper, in order:
 
-    pick a view -> render it -> photometric loss -> backward
-    -> density control (statistics, then grow/prune on schedule) -> optimizer step
+    pick views -> for each: render it -> photometric loss -> backward -> density statistics
+    -> sum over the ranks -> error memory -> optimizer step -> density control (grow/prune on schedule)
+
+A step trains one view, or several: `--batch-views B` on one process, `--nproc R` ranks of B
+views each (turbogs/multiview.py says how the views are shared out and summed).
 
 Around it: learning-rate and SH schedules, a progress bar, checkpoints by wall
 clock (so a killed run can `--resume`), and at the end the model in INRIA's layout and
@@ -16,9 +19,8 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -28,14 +30,14 @@ from turbogs.atomic import atomic_write_json
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.dense_loss import photometric_loss
-from turbogs.density.base import DensityStep
+from turbogs.density.base import DensityStep, zeros_like_state
+from turbogs.distributed import LOCAL, PeerStopped, World, parameter_checksum
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.init_points import initial_points
 from turbogs.metrics import sampled_psnr_tensor
-from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
-from turbogs.preflight import check_memory, disk_bytes_needed
+from turbogs.multiview import ViewResult, combine, rank_slots, slot_generator
 from turbogs.render import render
 from turbogs.running_stats import RunningStats
 from turbogs.step_observer import StepObserver
@@ -45,6 +47,10 @@ from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
 BAR_REFRESH_SECONDS = 0.5  # the progress bar's figures are read from the device this often
+# With several ranks, every rank reads the figures (and may stop a diverged run) at the same
+# steps, and compares a checksum of the parameters every CHECKSUM_EVERY steps.
+RANKS_READ_EVERY = 20
+CHECKSUM_EVERY = 100
 # torch >= 2.5 names it torch.OutOfMemoryError; torch.cuda.OutOfMemoryError is the same class.
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -65,8 +71,10 @@ class RunOptions:
     images: str = "images"
     resolution: int = -1
     eval_split: bool = False
-    viewer: Optional[object] = None  # a turbogs.viewer.LiveViewer
+    viewer: Optional[object] = None  # a turbogs.viewer.LiveViewer (rank 0's)
     log: Callable[[str], None] = print
+    world: World = LOCAL  # this process's rank among the ranks of a data-parallel run
+    viewer_on_main: bool = False  # ranks > 0: rank 0 has a live viewer (its stop button stops every rank)
 
 
 # --- building blocks --------------------------------------------------------------
@@ -129,7 +137,16 @@ class Trainer:
             raise TurboGSError(f"{scene.source_path}: no training views")
         self.scene, self.cfg, self.options = scene, cfg, options
         self.device = options.device
-        self.log = options.log
+        self.world = options.world
+        self.log = options.log if self.world.is_main else (lambda message: None)
+        self.views_per_step = self.world.size * cfg.batch_views
+        if cfg.world_size != self.world.size:
+            raise TurboGSError(f"the training settings were sized for {cfg.world_size} ranks, this run has "
+                               f"{self.world.size} (TrainConfig.for_run(..., world_size=))")
+        if self.views_per_step > len(scene.train):
+            raise TurboGSError(f"{self.world.size} rank(s) x {cfg.batch_views} view(s) = {self.views_per_step} "
+                               f"views per step, but the capture has {len(scene.train)} training views: "
+                               "use fewer --nproc or --batch-views")
         if self.device.type == "cuda":
             kernels.require_cuda_kernels()  # a missing kernel is one clear error now, not at step 1
         self.extent = scene.extent()
@@ -157,6 +174,7 @@ class Trainer:
             self.memory = self.sampler = self.tile_loss = None
         self.appearance = Appearance(len(scene.train), cfg.appearance, self.device) if cfg.appearance.enabled else None
         self.stats = RunningStats()
+        self.longest_bad_streak = 0  # the longest run of skipped steps read since the last check
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.observer = StepObserver()
@@ -170,13 +188,42 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------
     def train_step(self) -> None:
-        """pick -> render -> loss -> backward -> error memory -> density control -> optimizer."""
+        """pick views -> each: render, loss, backward -> sum over the ranks -> error memory
+        -> optimizer -> density control."""
         cfg, progress = self.cfg, self.progress()
         self.apply_schedules(progress)
 
-        pick = self.pick(progress)
+        picks = self.pick(progress)  # the step's views, one shared draw; this rank trains its slots of it
+        backgrounds = self.backgrounds(len(picks))
+        statistics = zeros_like_state(self.density_state)  # this step's density statistics, summed over views
+        slots = rank_slots(self.world, cfg.batch_views)
+        views = [self.train_view(picks[slot], backgrounds[slot], progress, statistics, slot) for slot in slots]
+        step = combine(views, self.world, self.trainable_parameters(), statistics, self.density.reductions,
+                       [] if self.memory is None else [pick.tile_ids.numel() for pick in picks], cfg.batch_views)
+
+        # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
+        # on the device (`ok`): every update below is masked by it, and the skipped steps are
+        # counted there and read when the figures are (read_device_figures).
+        ok = self._finite(step.loss)
+        with torch.no_grad():
+            if self.memory is not None:  # the memory ignores non-finite tile errors
+                for pick, tile_errors in zip(picks, step.tile_errors):
+                    self.memory.update(pick.view, pick.tile_ids, torch.where(ok, tile_errors, float("nan")))
+            cfg.optimizer.step(self.optimizers, step.visible, step.curvature, ok)
+            if self.appearance is not None:
+                self.appearance.step(ok)
+            self.density.accumulate(self.density_state, statistics, ok)
+            density_stats = self.density.control(self.density_state, DensityStep(
+                self.step + 1, progress, self.gaussians, self.optimizers, scene_extent=self.extent, ok=ok))
+            self.observer.density(density_stats)
+            self.stats.update(step.loss, step.psnr, density_stats, ok)
+
+    def train_view(self, pick: TileSample, background: torch.Tensor, progress: float,
+                   statistics: Dict[str, torch.Tensor], slot: int) -> ViewResult:
+        """Render one view, its loss and backward pass (gradients add up in .grad), and add its
+        density statistics to this step's."""
+        cfg = self.cfg
         camera, gt, mask = self.train_views.get(pick.view)  # pick.view: an int, or an index on the device
-        background = torch.rand(3, generator=self.generator).to(self.device) if cfg.random_background else self.background
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
         with self.observer.render():
@@ -191,29 +238,25 @@ class Trainer:
         extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
         if extra is not None:
             loss = loss + extra
-        curvature = self.estimate_curvature(out, pick)  # first-order: a backward pass with random residuals
+        # First-order curvature: a backward pass with random residuals, from the shared stream
+        # when the step has one view, else from the slot's own.
+        generator = self.generator if self.views_per_step == 1 else slot_generator(cfg.seed, self.step, slot)
+        curvature = self.estimate_curvature(out, pick, generator)
         self.density.before_backward(self.density_state, out)
         with self.observer.backward():
-            loss.backward()
+            (loss if self.views_per_step == 1 else loss / self.views_per_step).backward()  # the step's mean loss
+        self.density.observe(statistics, DensityStep(
+            self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height, self.extent,
+            features, grad_scale=self.views_per_step))
+        return ViewResult(loss.detach(), sampled_psnr_tensor(image, gt, pick.tile_mask, mask), out.visible,
+                          tile_errors, curvature)
 
-        # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
-        # on the device (`ok`): every update below is masked by it, and the skipped steps are
-        # counted there and read when the figures are (read_device_figures).
-        ok = self._finite(loss)
-        with torch.no_grad():
-            if self.memory is not None:  # the memory ignores non-finite tile errors
-                self.memory.update(pick.view, pick.tile_ids, torch.where(ok, tile_errors, float("nan")))
-            # The optimizer steps before density control changes the rows that `out` describes.
-            cfg.optimizer.step(self.optimizers, out.visible, curvature, ok)
-            if self.appearance is not None:
-                self.appearance.step(ok)
-            density_stats = self.density.after_backward(self.density_state, DensityStep(
-                self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height,
-                self.extent, features, ok))
-            self.observer.density(density_stats)
-            self.stats.update(loss, sampled_psnr_tensor(image, gt, pick.tile_mask, mask), density_stats, ok)
+    def trainable_parameters(self) -> list:
+        """Every tensor the optimizers step, in one order on every rank (for the all-reduce)."""
+        params = list(self.gaussians.params.values())
+        return params if self.appearance is None else params + list(self.appearance.parameters())
 
-    def estimate_curvature(self, out, pick: TileSample) -> Optional[Dict[str, torch.Tensor]]:
+    def estimate_curvature(self, out, pick: TileSample, generator: torch.Generator) -> Optional[Dict[str, torch.Tensor]]:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
@@ -221,7 +264,7 @@ class Trainer:
         inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
         pixels = out.image[inside]
         with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
-            return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, self.generator)
+            return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, generator)
 
     def warm_up(self) -> None:
         """Untimed, before the training clock starts: one render, loss and backward of the
@@ -261,20 +304,24 @@ class Trainer:
             degree = int(progress * self.cfg.steps) // self.cfg.sh_increase_every
         self.gaussians.active_sh_degree = min(degree, self.cfg.sh_degree)
 
-    def pick(self, progress: float) -> TileSample:
-        """What this step trains on: a view and, when sampling tiles, which of its tiles."""
+    def pick(self, progress: float) -> List[TileSample]:
+        """What this step trains on, every rank's views: each a view and, when sampling tiles,
+        which of its tiles. Every rank draws the same (shared random streams)."""
         if self.sampler is None:
-            return TileSample(self.views.next())
-        return self.sampler.sample(progress, view_on_device=self.train_views.stacked)
+            return [TileSample(self.views.next()) for _ in range(self.views_per_step)]
+        return self.sampler.sample_views(progress, self.views_per_step, view_on_device=self.train_views.stacked)
+
+    def backgrounds(self, count: int) -> List[torch.Tensor]:
+        """Each view's background: the scene's, or (random_background) a random colour per view."""
+        if not self.cfg.random_background:
+            return [self.background] * count
+        return [torch.rand(3, generator=self.generator).to(self.device) for _ in range(count)]
 
     def _finite(self, loss: torch.Tensor) -> torch.Tensor:
         """A device bool, no read: the loss and every gradient finite (the per-photo appearance
         transforms' too). The largest magnitude of each gradient (one _foreach op; NaN
         propagates through it) and the loss, tested together."""
-        params = list(self.gaussians.params.values())
-        if self.appearance is not None:
-            params += list(self.appearance.parameters())
-        grads = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+        grads = [p.grad for p in self.trainable_parameters() if p.grad is not None and p.grad.numel()]
         peaks = list(torch._foreach_norm(grads, float("inf"))) if grads else []
         return torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all()
 
@@ -283,17 +330,23 @@ class Trainer:
         """Non-finite steps in a row, as of the last read_device_figures()."""
         return self.stats.bad_streak
 
-    def read_device_figures(self) -> None:
+    def read_device_figures(self, final: bool = False) -> None:
         """The one place where the step's figures come to the host (bar refreshes, the viewer,
-        checkpoints, the end): one read. Too many skipped steps in a row stop the run here."""
-        if self.stats.refresh() >= MAX_BAD_STEPS:
-            if not checkpoint.list_checkpoints(self.options.out_dir):
+        checkpoints, the end): one read. Too many skipped steps in a row stop the run here;
+        with several ranks only at steps every rank reads (RANKS_READ_EVERY, and the end), so
+        that they all stop at the same step."""
+        self.longest_bad_streak = max(self.longest_bad_streak, self.stats.refresh())
+        if self.world.size > 1 and not final and self.step % RANKS_READ_EVERY:
+            return
+        longest, self.longest_bad_streak = self.longest_bad_streak, 0
+        if longest >= MAX_BAD_STEPS:
+            if self.world.is_main and not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
                 self.save_checkpoint()
-            raise TurboGSError(
-                f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
-                f"(step {self.step}); the last good checkpoint is kept in {checkpoint.checkpoint_dir(self.options.out_dir)}"
-            )
+            message = (f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
+                       f"(step {self.step}); the last good checkpoint is kept in "
+                       f"{checkpoint.checkpoint_dir(self.options.out_dir)}")
+            raise TurboGSError(message) if self.world.is_main else PeerStopped(message)
 
     # --- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -339,25 +392,33 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------
     def run(self) -> dict:
-        cfg = self.cfg
+        cfg, world = self.cfg, self.world
         last_checkpoint = last_refresh = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.options.progress, dynamic_ncols=True,
-                   unit="step", desc="train")
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.options.progress and world.is_main),
+                   dynamic_ncols=True, unit="step", desc="train")
         viewer = self.options.viewer
         try:
             while self.progress() < 1.0:
                 if viewer is not None:
                     viewer.wait_if_paused()
-                    if viewer.stop_requested:
-                        self.log(f"stopped from the viewer at step {self.step}")
-                        break
+                if self._stop_requested(viewer):
+                    self.log(f"stopped from the viewer at step {self.step}")
+                    break
                 try:
                     self.run_step()
                 except OUT_OF_MEMORY:
                     raise self._out_of_memory() from None
+                if world.size > 1 and cfg.budget_seconds:  # every rank follows rank 0's clock
+                    self.elapsed = world.broadcast_float(self.elapsed)
+                if world.size > 1 and self.step % CHECKSUM_EVERY == 0:
+                    world.check_same(parameter_checksum(self.trainable_parameters()),
+                                     f"the parameters at step {self.step}")
 
                 bar.update(1)
-                if time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS or self.progress() >= 1.0:
+                if world.size > 1 and self.step % RANKS_READ_EVERY == 0:
+                    self.read_device_figures()  # every rank, at the same steps
+                if world.is_main and (time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS
+                                      or self.progress() >= 1.0):
                     self.read_device_figures()
                     bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
                                     gaussians=len(self.gaussians), **self.stats.density_figures(),
@@ -366,13 +427,21 @@ class Trainer:
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
                                   None if self.memory is None else self.memory.view_error)
-                if self._checkpoint_due(last_checkpoint):
+                if world.is_main and self._checkpoint_due(last_checkpoint):
                     self.read_device_figures()
                     self.save_checkpoint()
                     last_checkpoint = time.perf_counter()
         finally:
             bar.close()
         return self.finish()
+
+    def _stop_requested(self, viewer) -> bool:
+        """Whether the live viewer's stop button was pressed; with several ranks, rank 0's
+        viewer speaks for all (one tiny broadcast per step, only when there is a viewer)."""
+        stop = viewer is not None and viewer.stop_requested
+        if self.world.size > 1 and (viewer is not None or self.options.viewer_on_main):
+            stop = self.world.broadcast_float(float(stop)) > 0
+        return stop
 
     def _out_of_memory(self) -> TurboGSError:
         """Keep the work done so far, and say how to continue in less memory. The failed step
@@ -401,58 +470,24 @@ class Trainer:
                 "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
     def finish(self) -> dict:
-        """Write the model (atomically), a final checkpoint, and evaluate."""
+        """Write the model (atomically), a final checkpoint, and evaluate: rank 0 alone."""
         options = self.options
         out = Path(options.out_dir)
-        self.read_device_figures()
+        self.read_device_figures(final=True)
+        summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
+                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                   "backend": kernels.backend_name(self.device),
+                   # steps count optimizer steps: views trained = steps x world_size x batch_views
+                   "world_size": self.world.size, "batch_views": self.cfg.batch_views,
+                   "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
+        if not self.world.is_main:
+            return summary
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
         model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
         if self.appearance is not None:  # the per-photo corrections; the model itself stays uncorrected
             atomic_write_json(out / "appearance.json", self.appearance.as_json([c.name for c in self.scene.train]))
-        summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
-                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
-                   "backend": kernels.backend_name(self.device)}
         if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
             summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
         return summary
-
-
-def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> None:
-    """The files SIBR wants before training: cfg_args, cameras.json, input.ply."""
-    out = Path(opt.out_dir)
-    model.write_cfg_args(out, scene, cfg.sh_degree, opt.images, opt.resolution, opt.eval_split)
-    model.write_cameras_json(out, scene.cameras)
-    if scene.points is not None and len(scene.points):
-        colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
-        model.write_input_ply(out, scene.points, colors)
-
-
-def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
-    """Train `scene` into `opt.out_dir`; returns the summary (and metrics when evaluated)."""
-    out = Path(opt.out_dir)
-    estimate = check_memory(scene, cfg, opt.device, opt.data_device, opt.max_memory_bytes)
-    check_output_dir(out, min_free_bytes=max(MIN_FREE_BYTES, disk_bytes_needed(estimate, cfg.sh_degree, checkpoint.KEEP)))
-    with exclusive_output(out):
-        trainer = Trainer(scene, cfg, opt)
-        if opt.resume:
-            state = checkpoint.load_latest_checkpoint(out, warn=opt.log)
-            if state is None:
-                raise TurboGSError(f"{out}: --resume given but no checkpoint found in {checkpoint.checkpoint_dir(out)}")
-            trainer.load_state_dict(state)
-            opt.log(f"resuming from step {trainer.step} of {cfg.steps}")
-        else:
-            finished = model.latest_iteration(out)
-            if finished is not None and not opt.overwrite:
-                raise TurboGSError(
-                    f"{out}: already holds a trained model (iteration {finished}); use --resume to continue, "
-                    "--overwrite to replace it, or another --out"
-                )
-            if finished is not None:  # --overwrite: old checkpoints must not outrank the new run's
-                checkpoint.remove_checkpoints(out)
-            write_model_preamble(scene, cfg, opt)
-        if opt.device.type == "cuda":
-            opt.log("warming up the CUDA kernels (untimed)")
-            trainer.warm_up()
-        return trainer.run()

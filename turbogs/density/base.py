@@ -4,12 +4,23 @@ A strategy decides which Gaussians exist. The trainer knows no strategy by name:
 these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboGS needs):
 
     state = strategy.initial_state(len(gaussians), device)          # once
-    features = strategy.render_features(len(gaussians), progress, device)
-    out = render(..., extra_features=features)                      # extra channels, or None
-    loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
-    strategy.before_backward(state, out); loss.backward()
+    statistics = zeros_like_state(state)                            # this step's contribution
+    for each view this rank trains this step:
+        features = strategy.render_features(len(gaussians), progress, device)
+        out = render(..., extra_features=features)                  # extra channels, or None
+        loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
+        strategy.before_backward(state, out); loss.backward()
+        strategy.observe(statistics, DensityStep(...))              # add this view's statistics
+    statistics summed over the ranks (`reductions`: "sum", or "max")
     optimizers step
-    stats = strategy.after_backward(state, DensityStep(...))        # grow / prune on schedule
+    strategy.accumulate(state, statistics, ok)                      # nothing on a non-finite step
+    stats = strategy.control(state, DensityStep(...))               # grow / prune on schedule
+
+Why the statistics go through a per-step contribution: with several views per step, on one
+process (--batch-views) or over ranks (--nproc), each rank adds its views' statistics and
+one all-reduce makes them the same everywhere, so every rank grows and prunes the same
+Gaussians in the same order. `after_backward` is the single-view form of the last three
+hooks, in one call.
 
 `state` is a dict of per-Gaussian tensors that the strategy keeps in step with the rows by
 passing it through `turbogs.density.rows` as `extra`; the trainer checkpoints it. `stats` is
@@ -21,6 +32,7 @@ holds one, and `build()` makes the strategy from it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional
 
@@ -33,21 +45,25 @@ from turbogs.gaussians import Gaussians
 
 @dataclass
 class DensityStep:
-    """What `after_backward` sees of the step whose backward pass just ran."""
+    """What the hooks see of the step whose backward pass just ran: `observe` one rendered view
+    (render, width, height, features, grad_scale), `control` the step (no view)."""
 
     step: int  # its 1-based number (INRIA's convention)
     progress: float  # the elapsed fraction of the run in [0, 1]
     gaussians: Gaussians
     optimizers: rows.Optimizers
-    render: object  # its RenderOutput: means2d (with .grad), radii, visible, tile_mask
-    width: int
-    height: int
-    scene_extent: float
+    render: object = None  # a view's RenderOutput: means2d (with .grad), radii, visible, tile_mask
+    width: int = 0
+    height: int = 0
+    scene_extent: float = 1.0
     features: Optional[Tensor] = None  # the leaf render_features() returned; .grad holds its gradient
     # A 0-d device bool: False when the step's loss or a gradient was not finite. Such a step
     # must change nothing; the trainer does not read it, so statistics are masked by it, and
     # a scheduled change of the Gaussians reads it (`good()`). None = a good step.
     ok: Optional[Tensor] = None
+    # The loss of a step of V views is the mean of their losses, so each view's gradients
+    # arrive divided by V; statistics that INRIA defines per view multiply them back by this.
+    grad_scale: float = 1.0
 
     def good(self) -> bool:
         """Whether the step was finite: one host read, for density control's scheduled steps only."""
@@ -78,11 +94,41 @@ class Strategy:
         return None
 
     def before_backward(self, state: Dict[str, Tensor], render_out) -> None:
-        """Called just before loss.backward()."""
+        """Called just before each view's loss.backward()."""
 
-    def after_backward(self, state: Dict[str, Tensor], step: DensityStep) -> Dict[str, float]:
-        """Read this step's statistics; on schedule, change the set of Gaussians. Returns stats."""
+    # How each statistic combines over the views of a step and over the ranks; "sum" unless named.
+    reductions: ClassVar[Dict[str, str]] = {}
+
+    def observe(self, statistics: Dict[str, Tensor], step: "DensityStep") -> None:
+        """Add one rendered view's statistics (after its backward pass) to this step's
+        `statistics` (zeros shaped like the state at the step's start). Reads nothing."""
+
+    def accumulate(self, state: Dict[str, Tensor], statistics: Dict[str, Tensor], ok: Optional[Tensor]) -> None:
+        """Fold a step's statistics (summed over the views and ranks) into the state; nothing
+        when `ok` (a device bool) is False. Masked arithmetic, no read."""
+        for key, value in statistics.items():
+            if ok is not None:
+                value = torch.where(ok, value, 0.0)
+            if self.reductions.get(key, "sum") == "max":
+                torch.maximum(state[key], value, out=state[key])
+            else:
+                state[key] += value
+
+    def control(self, state: Dict[str, Tensor], step: "DensityStep") -> Dict[str, object]:
+        """On schedule, change the set of Gaussians. Returns stats."""
         raise NotImplementedError
+
+    def after_backward(self, state: Dict[str, Tensor], step: "DensityStep") -> Dict[str, object]:
+        """A step of one view, in one call: observe it, accumulate, control."""
+        statistics = zeros_like_state(state)
+        self.observe(statistics, step)
+        self.accumulate(state, statistics, step.ok)
+        return self.control(state, step)
+
+
+def zeros_like_state(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """A step's statistics before any view is observed."""
+    return {key: torch.zeros_like(value) for key, value in state.items()}
 
 
 class DensityConfig:
@@ -90,6 +136,7 @@ class DensityConfig:
 
     name: ClassVar[str]
     max_gaussians: Optional[int]
+    step_counted: ClassVar[tuple] = ()  # the settings counted in steps (a cadence, a start)
 
     def build(self) -> Strategy:
         raise NotImplementedError
@@ -97,3 +144,12 @@ class DensityConfig:
     def scaled(self, total_steps: int) -> "DensityConfig":
         """These settings for a run of `total_steps`; schedules by progress need no change."""
         return self
+
+    def per_views(self, views_per_step: int) -> "DensityConfig":
+        """These settings for steps of several views: what is counted in steps is divided by
+        the views per step, so that a decision still comes after as many views (gsplat's
+        and Grendel-GS's rule for batched steps)."""
+        if views_per_step == 1:
+            return self
+        return dataclasses.replace(self, **{name: max(1, round(getattr(self, name) / views_per_step))
+                                            for name in self.step_counted})

@@ -40,8 +40,8 @@ wall-clock budget, so every schedule here is a function of the elapsed fraction
 `progress` in [0, 1], not of the step number.
 
 In the trainer's hooks (turbogs/density/base.py): `render_features` is the probe (while the
-statistics are used), `extra_loss` the blame term, and `after_backward` reads the probe's
-gradient.
+statistics are used), `extra_loss` the blame term, `observe` reads the probe's gradient, and
+`control` densifies on schedule.
 """
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ class ErrorDensityConfig(DensityConfig):
     """Schedules are fractions of the run's progress in [0, 1]."""
 
     name = "error"
+    step_counted = ("densify_every",)
 
     densify_from: float = 0.02  # densify while densify_from <= progress < densify_until
     densify_until: float = 0.7
@@ -233,46 +234,45 @@ class ErrorDrivenDensity(Strategy):
         return blame_term(render_out, pixel_error(image, gt, tile_mask, mask), tile_mask)
 
     @torch.no_grad()
-    def after_backward(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:
-        """Add this step's blame (the probe's gradient [N, 2] in step_info.features, required
-        while needs_blame(progress)) to the window; on schedule, prune, grow and decay.
-        Updates `state` (and, when densifying, the Gaussians and optimizers) in place and
-        returns what happened, for logging."""
-        step, progress, gaussians = step_info.step, step_info.progress, step_info.gaussians
-        probe = step_info.features
-        blame = None if probe is None else probe.grad
-        stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
-        if self.needs_blame(progress):
-            self._accumulate(state, gaussians, step_info.render, step_info.width, step_info.height, blame,
-                             step_info.ok)
-            if self.should_densify(step, progress) and step_info.good():
-                stats.update(self.densify_and_prune(state, gaussians, step_info.optimizers, step_info.scene_extent,
-                                                    progress))
-        stats["n_gaussians"] = len(gaussians)
-        stats["budget"] = self.budget_at(progress)
-        return stats
-
-    def _accumulate(self, state, gaussians, render_out, width, height, blame, ok=None) -> None:
-        """Add the step's blame, weight and exposures; nothing when `ok` (a device bool) is False."""
-        n = len(gaussians)
-        if state["blame"].shape[0] != n:
+    def observe(self, statistics: Dict[str, Tensor], step_info: DensityStep) -> None:
+        """Add one view's blame, weight and exposures (the probe's gradient [N, 2] in
+        step_info.features, required while needs_blame(progress))."""
+        if not self.needs_blame(step_info.progress):
+            return
+        n = len(step_info.gaussians)
+        if statistics["blame"].shape[0] != n:
             raise RuntimeError(
-                f"density state has {state['blame'].shape[0]} rows but there are {n} Gaussians: "
+                f"density state has {statistics['blame'].shape[0]} rows but there are {n} Gaussians: "
                 "rows changed without passing the state through turbogs.density.rows"
             )
+        probe = step_info.features
+        blame = None if probe is None else probe.grad
         if blame is None:
             raise RuntimeError("no blame given: render with extra_features=make_probe(n), add blame_term to the "
                                "loss, and pass probe.grad as blame")
         if tuple(blame.shape) != (n, PROBE_CHANNELS):
             raise ValueError(f"blame has shape {tuple(blame.shape)}, expected [{n}, {PROBE_CHANNELS}]")
-        blame = blame.to(state["blame"])
-        exposed = exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask, width, height)
-        if ok is not None:  # masked, not branched on: no host read
-            blame = torch.where(ok, blame, 0.0)
-            exposed = exposed & ok
-        state["blame"] += blame[:, 0]
-        state["weight"] += blame[:, 1]
-        state["exposed"] += exposed
+        blame = blame.to(statistics["blame"])
+        if step_info.grad_scale != 1.0:  # the view's share of the step's mean loss, undone
+            blame = blame * step_info.grad_scale
+        render_out = step_info.render
+        statistics["blame"] += blame[:, 0]
+        statistics["weight"] += blame[:, 1]
+        statistics["exposed"] += exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
+                                                   step_info.width, step_info.height)
+
+    @torch.no_grad()
+    def control(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:
+        """On schedule, prune, grow and decay. Updates `state` (and, when densifying, the
+        Gaussians and optimizers) in place and returns what happened, for logging."""
+        step, progress, gaussians = step_info.step, step_info.progress, step_info.gaussians
+        stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
+        if self.needs_blame(progress) and self.should_densify(step, progress) and step_info.good():
+            stats.update(self.densify_and_prune(state, gaussians, step_info.optimizers, step_info.scene_extent,
+                                                progress))
+        stats["n_gaussians"] = len(gaussians)
+        stats["budget"] = self.budget_at(progress)
+        return stats
 
     # --- densification ------------------------------------------------------------
     @torch.no_grad()

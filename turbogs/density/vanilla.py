@@ -37,6 +37,7 @@ class VanillaDensityConfig(DensityConfig):
     """INRIA's defaults, tuned for 30k steps; use `scaled(total_steps)` for shorter runs."""
 
     name = "3dgs"
+    step_counted = ("densify_from", "densify_until", "densify_every", "opacity_reset_every")
 
     grad_threshold: float = 0.0002  # mean NDC gradient norm that triggers growth
     densify_from: int = 500  # densify only at steps > this ...
@@ -108,53 +109,56 @@ class VanillaDensity(Strategy):
         if render_out.means2d.requires_grad:
             render_out.means2d.retain_grad()
 
+    reductions = {"max_radii2d": "max"}  # grad2d and count are sums
+
     @torch.no_grad()
-    def after_backward(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, object]:
-        """Accumulate this view's statistics; on schedule (by step number), densify, prune
-        and reset. Updates `state` in place and returns what happened, for logging."""
-        cfg = self.config
-        step, gaussians, optimizers = step_info.step, step_info.gaussians, step_info.optimizers
-        render_out, width, height, scene_extent = step_info.render, step_info.width, step_info.height, step_info.scene_extent
-        stats = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0, "opacity_reset": False}
-        if step < cfg.densify_until:
-            self._accumulate(state, gaussians, render_out, width, height, step_info)
-
-            if step > cfg.densify_from and step % cfg.densify_every == 0 and step_info.good():
-                stats.update(self._densify_and_prune(state, step, gaussians, optimizers, scene_extent))
-
-            if step > 0 and step % cfg.opacity_reset_every == 0 and step_info.good():
-                reset_opacity(gaussians, optimizers, ceiling=0.01)
-                stats["opacity_reset"] = True
-        stats["n_gaussians"] = len(gaussians)
-        return stats
-
-    # --- pieces -------------------------------------------------------------------
-    def _accumulate(self, state, gaussians, render_out, width, height, step_info: Optional[DensityStep] = None) -> None:
-        n = len(gaussians)
-        if state["grad2d"].shape[0] != n:
+    def observe(self, statistics: Dict[str, torch.Tensor], step_info: DensityStep) -> None:
+        """Add one view's NDC gradient norms, visibility and 2D radii (while densifying)."""
+        if step_info.step >= self.config.densify_until:
+            return
+        n = len(step_info.gaussians)
+        if statistics["grad2d"].shape[0] != n:
             raise RuntimeError(
-                f"density state has {state['grad2d'].shape[0]} rows but there are {n} Gaussians: "
+                f"density state has {statistics['grad2d'].shape[0]} rows but there are {n} Gaussians: "
                 "rows changed without passing the state through turbogs.density.rows"
             )
+        render_out, width, height = step_info.render, step_info.width, step_info.height
         grad = render_out.means2d.grad
         if grad is None:
             raise RuntimeError("render_out.means2d has no gradient: call before_backward before loss.backward()")
         if grad.shape != (n, 2):
             raise ValueError(f"means2d gradient has shape {tuple(grad.shape)}, expected [{n}, 2]")
         visible = render_out.visible.to(grad.device)
-        if step_info is not None:
-            visible = step_info.seen(visible)  # a non-finite step adds nothing
         radii = render_out.radii
         if radii.dim() == 2:  # per-axis radii: the footprint is the larger one
             radii = radii.max(dim=-1).values
         # INRIA differentiates w.r.t. NDC coordinates, which span 2 over the image:
-        # d/d(ndc_x) = d/d(pixel_x) * width / 2, and likewise for y.
-        grad_ndc = torch.stack([grad[:, 0] * (width / 2.0), grad[:, 1] * (height / 2.0)], dim=-1)
+        # d/d(ndc_x) = d/d(pixel_x) * width / 2, and likewise for y; times grad_scale, this
+        # view's gradient as if it had been the step's only view.
+        scale = step_info.grad_scale
+        grad_ndc = torch.stack([grad[:, 0] * (width / 2.0 * scale), grad[:, 1] * (height / 2.0 * scale)], dim=-1)
         # Masked arithmetic rather than boolean indexing: no host sync on the GPU.
-        state["grad2d"] += torch.where(visible, grad_ndc.norm(dim=-1), 0.0)
-        state["count"] += visible
-        seen_radii = torch.where(visible, radii.to(state["max_radii2d"]), 0.0)
-        torch.maximum(state["max_radii2d"], seen_radii, out=state["max_radii2d"])
+        statistics["grad2d"] += torch.where(visible, grad_ndc.norm(dim=-1), 0.0)
+        statistics["count"] += visible
+        seen_radii = torch.where(visible, radii.to(statistics["max_radii2d"]), 0.0)
+        torch.maximum(statistics["max_radii2d"], seen_radii, out=statistics["max_radii2d"])
+
+    @torch.no_grad()
+    def control(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, object]:
+        """On schedule (by step number), densify, prune and reset. Updates `state` in place
+        and returns what happened, for logging."""
+        cfg = self.config
+        step, gaussians, optimizers = step_info.step, step_info.gaussians, step_info.optimizers
+        stats = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0, "opacity_reset": False}
+        if step < cfg.densify_until:
+            if step > cfg.densify_from and step % cfg.densify_every == 0 and step_info.good():
+                stats.update(self._densify_and_prune(state, step, gaussians, optimizers, step_info.scene_extent))
+
+            if step > 0 and step % cfg.opacity_reset_every == 0 and step_info.good():
+                reset_opacity(gaussians, optimizers, ceiling=0.01)
+                stats["opacity_reset"] = True
+        stats["n_gaussians"] = len(gaussians)
+        return stats
 
     def _densify_and_prune(self, state, step, gaussians, optimizers, scene_extent) -> Dict[str, object]:
         cfg = self.config

@@ -229,14 +229,27 @@ class TileSampler:
     def sample(self, progress: float, view_on_device: bool = False) -> TileSample:
         """A view and K of its tiles. With `view_on_device`, when every view has the same tile
         grid, the view stays a 0-d tensor on the memory's device: no host read (the same draws)."""
+        return self.sample_views(progress, 1, view_on_device)[0]
+
+    def sample_views(self, progress: float, count: int, view_on_device: bool = False) -> List[TileSample]:
+        """`count` distinct views (Gumbel top-k: without replacement, in the order drawn) and
+        K tiles of each, drawn one view after another. A step of several views (--batch-views,
+        or one per rank) draws them together, so that every rank computes the same draw and
+        trains its own slice of it; count 1 is `sample`."""
         memory, config = self.memory, self.config
+        if not 1 <= count <= memory.num_views:
+            raise TurboGSError(f"tile sampler: {count} views per step, but there are {memory.num_views} training views")
         device = memory.device
         view_uniforms = torch.rand(memory.num_views, generator=self.generator, device=device)
         view_keys = kernels.view_sample_keys(memory.errors, memory.tile_counts, config.view_floor, view_uniforms)
-        best = torch.argmax(view_keys)
+        best = torch.argmax(view_keys).reshape(1) if count == 1 else torch.topk(view_keys, count).indices
         on_device = view_on_device and len(set(memory.grids)) == 1
-        view = best if on_device else int(best)
+        views = list(best.unbind(0)) if on_device else best.tolist()
+        return [self._sample_tiles(view, progress, on_device) for view in views]
 
+    def _sample_tiles(self, view: Union[int, Tensor], progress: float, on_device: bool) -> TileSample:
+        memory, config = self.memory, self.config
+        device = memory.device
         grid_of = 0 if on_device else view  # on the device: every view has view 0's grid
         total = memory.num_tiles(grid_of)
         k = self.tiles_per_step(grid_of, progress)

@@ -1,0 +1,203 @@
+"""Data-parallel training on CPU with gloo: ranks against one process of the same views.
+
+The end-to-end tests start real ranks through `turbogs train --nproc 2` (torch.distributed's
+elastic launcher, gloo), as a user would; the collectives are also tested on their own.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from plyfile import PlyData
+
+from test_cli import DEMO
+from turbogs.config import get_preset
+from turbogs.distributed import LOCAL, PeerStopped, World, parameter_checksum
+from turbogs.errors import TurboGSError
+from turbogs.launch import strip_nproc
+from turbogs.multiview import ViewResult, combine
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def turbogs(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "turbogs", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def model_values(out: Path) -> np.ndarray:
+    plys = sorted(out.glob("point_cloud/iteration_*/point_cloud.ply"))
+    assert len(plys) == 1, plys  # one model, written once (by rank 0)
+    vertex = PlyData.read(str(plys[0]))["vertex"].data
+    return np.stack([vertex[name].astype(np.float64) for name in vertex.dtype.names], axis=1)
+
+
+# --- end to end -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, steps", [("turbo", 80), ("3dgs", 260)])  # both densify in that many steps
+def test_two_ranks_equal_one_process_of_two_views(preset, steps, tmp_path):
+    common = [DEMO, "--preset", preset, "--steps", steps, "--eval", "--seed", "3", "--quiet"]
+    ranks = turbogs("train", *common, "--nproc", 2, "--out", tmp_path / "ranks")
+    assert ranks.returncode == 0, ranks.stderr
+    batch = turbogs("train", *common, "--batch-views", 2, "--out", tmp_path / "batch")
+    assert batch.returncode == 0, batch.stderr
+    assert ranks.stdout.count("done:") == 1  # rank 0 alone speaks
+
+    a, b = model_values(tmp_path / "ranks"), model_values(tmp_path / "batch")
+    assert a.shape == b.shape  # the same Gaussians grew and were pruned
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("ranks", "batch")]
+    assert results[0]["psnr"] == pytest.approx(results[1]["psnr"], abs=1e-3)
+    assert (results[0]["world_size"], results[0]["batch_views"]) == (2, 1)
+    assert (results[1]["world_size"], results[1]["batch_views"]) == (1, 2)
+    assert results[0]["steps"] == results[1]["steps"] == steps  # optimizer steps; views = steps x 2
+    assert results[0]["num_gaussians"] != 3000 or preset == "turbo"  # 3dgs densified in this run
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of a rank started (directly or not) by `launcher_pid`, found by its environment."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == launcher_pid:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID" in b"\0".join(environ):
+                stat = (entry / "stat").read_text().split()
+                if int(stat[3]) == launcher_pid:
+                    return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no rank {rank} under pid {launcher_pid}")
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_run_with_a_clear_error_and_it_resumes(tmp_path):
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "turbogs", "train", str(DEMO), "--preset", "3dgs", "--eval",
+                                 "--steps", "5000", "--nproc", "2", "--checkpoint-every-steps", "10", "--quiet",
+                                 "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.time() + 300
+        while not list((out / "checkpoints").glob("*.pt")) and time.time() < deadline:
+            assert launcher.poll() is None, launcher.communicate()
+            time.sleep(0.5)
+        os.kill(rank_pid(launcher.pid, 1), signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "rank 1" in lines[0] and "SIGKILL" in lines[0] and "--resume" in lines[0]
+
+    # The checkpoint continues, on another number of ranks (one process here).
+    resumed = turbogs("train", DEMO, "--preset", "3dgs", "--eval", "--steps", "40", "--resume", "--quiet", "--out", out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from step" in resumed.stdout
+    assert json.loads((out / "results.json").read_text())["world_size"] == 1
+    model_values(out)
+
+
+def test_more_views_per_step_than_the_capture_has_is_one_clear_line(tmp_path):
+    result = turbogs("train", DEMO, "--steps", "2", "--batch-views", "40", "--out", tmp_path / "x")
+    assert result.returncode == 2
+    assert "40 views per step" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- the collectives, two gloo processes -------------------------------------------------
+
+
+def _collectives(rank: int, init_file: str, results) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    world = World(rank, 2, rank, "gloo")
+    summed = world.all_reduce(torch.tensor([1.0, rank + 1.0]))
+    maxed = world.all_reduce(torch.tensor([float(rank), -float(rank)]), "max")
+    gathered = world.all_gather(torch.tensor([rank * 10.0]))
+    world.check_same(torch.tensor([1.0, 2.0]), "a constant")
+    outcome = {"summed": summed.tolist(), "maxed": maxed.tolist(), "gathered": [g.item() for g in gathered]}
+    try:
+        world.check_same(torch.tensor([float(rank)]), "the rank number")
+    except TurboGSError as exc:
+        outcome["check"] = (type(exc).__name__, str(exc))
+    try:
+        world.agree(TurboGSError("bad capture") if rank == 1 else None)
+    except TurboGSError as exc:
+        outcome["agree"] = (type(exc).__name__, str(exc))
+    results[rank] = outcome
+    world.close()
+
+
+def test_collectives_sum_gather_compare_and_agree(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(_collectives, args=(str(tmp_path / "init"), results), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert results[rank]["summed"] == [2.0, 3.0]
+        assert results[rank]["maxed"] == [1.0, 0.0]
+        assert results[rank]["gathered"] == [0.0, 10.0]
+        assert "ranks disagree on the rank number" in results[rank]["check"][1]
+    # Rank 0 reports (a plain error, naming the rank that failed); rank 1 stops quietly.
+    assert results[0]["check"][0] == "TurboGSError" and results[1]["check"][0] == "PeerStopped"
+    assert results[0]["agree"] == ("TurboGSError", "rank 1: bad capture")
+    assert results[1]["agree"][0] == "PeerStopped" and PeerStopped.quiet
+
+
+def test_one_process_is_a_world_of_one():
+    tensor = torch.tensor([1.0, 2.0])
+    assert LOCAL.all_reduce(tensor) is tensor and LOCAL.all_gather(tensor) == [tensor]
+    assert LOCAL.broadcast_float(3.5) == 3.5
+    LOCAL.check_same(tensor, "anything")
+    with pytest.raises(TurboGSError, match="bad"):
+        LOCAL.agree(TurboGSError("bad"))
+
+
+def test_parameter_checksum_sees_any_change():
+    params = [torch.randn(5, 3), torch.randn(5)]
+    before = parameter_checksum(params)
+    params[1][2] += 1e-6
+    assert not torch.equal(before, parameter_checksum(params))
+
+
+# --- the pieces of a step of several views -------------------------------------------------
+
+
+def test_combine_averages_the_views_of_a_step():
+    views = [ViewResult(torch.tensor(1.0), torch.tensor(20.0), torch.tensor([True, False, False]), torch.tensor([0.5])),
+             ViewResult(torch.tensor(3.0), torch.tensor(float("nan")), torch.tensor([False, False, True]),
+                        torch.tensor([0.1, 0.2]))]
+    statistics = {"grad2d": torch.ones(3)}
+    step = combine(views, LOCAL, [], statistics, {}, [1, 2], batch_views=2)
+    assert step.loss.item() == 2.0  # the mean loss of the views
+    assert step.psnr.item() == 20.0  # the mean over the views that have a PSNR
+    assert step.visible.tolist() == [True, False, True]
+    assert [e.tolist() for e in step.tile_errors] == [[0.5], pytest.approx([0.1, 0.2])]
+    assert torch.equal(statistics["grad2d"], torch.ones(3))  # one process: nothing to sum over ranks
+
+
+def test_a_run_of_several_views_per_step_is_scheduled_in_views():
+    single = get_preset("3dgs").for_run(1000)
+    double = get_preset("3dgs").for_run(500, world_size=2)
+    assert double.steps == 500 and double.world_size == 2
+    for name in ("densify_from", "densify_until", "densify_every", "opacity_reset_every"):
+        assert getattr(double.density, name) == getattr(single.density, name) // 2, name
+    assert double.lr.means == pytest.approx(single.lr.means * 2 ** 0.5)  # the sqrt rule
+    none = get_preset("3dgs")
+    none.batch_lr_rule = "none"
+    assert none.for_run(500, world_size=2).lr.means == single.lr.means
+    assert get_preset("turbo").for_run(500, world_size=2).density.densify_every == 50
+
+
+def test_the_launcher_drops_nproc_from_the_workers_command():
+    assert strip_nproc(["train", "s", "--nproc", "2", "--steps", "5"]) == ["train", "s", "--steps", "5"]
+    assert strip_nproc(["train", "s", "--nproc=4"]) == ["train", "s"]

@@ -1,0 +1,159 @@
+"""The ranks of a data-parallel run, and the few collectives the trainer needs.
+
+Why data-parallel, and why this shape (docs/SCALING.md): every rank holds all the Gaussians
+and renders different training views; one all-reduce of a flat buffer per step sums the
+gradients and the density statistics, so every rank steps, grows and prunes identically.
+Nothing here is home-made networking: it is torch.distributed (NCCL on CUDA, gloo on CPU),
+started by torchrun or by `turbogs train --nproc N` (turbogs/launch.py), which set RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+
+A single process is a `World` of size 1: every collective returns its input untouched, so the
+single-GPU step pays nothing for this module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import List, Optional, Sequence
+
+import torch
+
+from turbogs.errors import TurboGSError
+
+
+class PeerStopped(TurboGSError):
+    """A rank stops because every rank stops for the same reason, which rank 0 reports: the
+    command line prints nothing for it on the other ranks (one message, not one per rank)."""
+
+    quiet = True
+
+
+class World:
+    """This process's place among the ranks. `size == 1`: a plain single-process run."""
+
+    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0, backend: Optional[str] = None):
+        self.rank, self.size, self.local_rank, self.backend = rank, size, local_rank, backend
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes checkpoints, the model and results, and shows the progress bar."""
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return f"World(rank={self.rank}, size={self.size}, backend={self.backend})"
+
+    # --- collectives (no-ops on one process) -------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place: the sum (or "max") over the ranks, the same bits on every rank."""
+        if self.size > 1:
+            reduce_op = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}[op]
+            self._collective(torch.distributed.all_reduce, tensor, op=reduce_op)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
+        """Every rank's `tensor` (same shape on every rank), in rank order."""
+        if self.size == 1:
+            return [tensor]
+        gathered = [torch.empty_like(tensor) for _ in range(self.size)]
+        self._collective(torch.distributed.all_gather, gathered, tensor)
+        return gathered
+
+    def broadcast_float(self, value: float) -> float:
+        """Rank 0's `value` on every rank (one read: used only where ranks must agree on a
+        host number, e.g. the elapsed time of a run with a time budget)."""
+        if self.size == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+        self._collective(torch.distributed.broadcast, tensor, src=0)
+        return float(tensor.item())
+
+    def agree(self, failure: Optional[TurboGSError]) -> None:
+        """After a setup phase every rank went through: raise on every rank if any rank failed.
+        Rank 0 reports the first failure (its own, or "rank r: ..."); the others stop quietly."""
+        if self.size == 1:
+            if failure is not None:
+                raise failure
+            return
+        errors: List[Optional[str]] = [None] * self.size
+        self._collective(torch.distributed.all_gather_object, errors, None if failure is None else str(failure))
+        failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
+        if not failed:
+            return
+        rank, message = failed[0]
+        if self.is_main:
+            raise TurboGSError(message if rank == 0 else f"rank {rank}: {message}")
+        raise PeerStopped(message)
+
+    def check_same(self, values: torch.Tensor, what: str) -> None:
+        """Raise on every rank if the ranks hold different `values` (bit for bit): the
+        parameters' checksum compared every few steps, so a rank that drifted is caught."""
+        if self.size == 1:
+            return
+        gathered = torch.stack(self.all_gather(values.detach().to(torch.float64).reshape(-1))).cpu()
+        differs = [rank for rank in range(1, self.size) if not torch.equal(gathered[rank], gathered[0])]
+        if differs:
+            message = (f"ranks disagree on {what}: rank {differs[0]} holds {gathered[differs[0]].tolist()}, "
+                       f"rank 0 {gathered[0].tolist()}; a rank computed differently (mixed library versions "
+                       "or devices?); the last checkpoint resumes with --resume")
+            raise TurboGSError(message) if self.is_main else PeerStopped(message)
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            self._collective(torch.distributed.barrier)
+
+    def close(self) -> None:
+        if self.size > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    # --- internals ---------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def _collective(self, function, *args, **kwargs):
+        """Run one collective; a rank that died or left turns into one clear error."""
+        try:
+            return function(*args, **kwargs)
+        except RuntimeError as exc:  # gloo and NCCL report a lost peer as RuntimeError (DistBackendError)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TurboGSError(
+                f"rank {self.rank}: lost contact with the other ranks ({reason[:200]}); another rank stopped "
+                "or died; the last checkpoint resumes with --resume"
+            ) from None
+
+
+LOCAL = World()
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of several ranks started by torchrun or `--nproc`."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def join(device_type: str, timeout_minutes: float = 30.0) -> World:
+    """Join the process group the launcher set up (env:// rendezvous), or a World of one.
+    `timeout_minutes`: how long a collective waits for a slow rank before failing (a paused
+    live viewer on rank 0 keeps the others waiting, so the trainer passes a long one then)."""
+    if not launched_by_torchrun():
+        return LOCAL
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    try:
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+    except (RuntimeError, ValueError) as exc:
+        raise TurboGSError(f"rank {rank}: could not join the other {size - 1} ranks ({str(exc).splitlines()[0]})") from None
+    return World(rank, size, local_rank, backend)
+
+
+def parameter_checksum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[2 * len(tensors) + 1] float64 on the tensors' device: each tensor's sum and sum of
+    magnitudes, and the row count; any drift between ranks changes it."""
+    parts = []
+    for tensor in tensors:
+        values = tensor.detach().to(torch.float64)
+        parts += [values.sum(), values.abs().sum()]
+    rows = float(tensors[0].shape[0]) if tensors else 0.0
+    return torch.stack(parts + [torch.tensor(rows, dtype=torch.float64, device=parts[0].device)])

@@ -1,0 +1,62 @@
+"""`turbogs train --nproc N`: N local ranks through torch.distributed's own elastic launcher.
+
+The launcher is torchrun's (`torch.distributed.launcher.api.elastic_launch`), not ours: it
+picks a free port, sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, starts
+`python -m turbogs train ...` N times, and stops every rank when one dies. Across machines,
+run `torchrun --nnodes M --nproc_per_node N -m turbogs train ...` on each one instead; the
+workers are the same.
+
+What the user sees when something fails: a rank's own error (bad input, divergence) is printed
+once, by rank 0, and the exit code is 2; a rank that dies (killed, crashed) is named in one
+line, and the last checkpoint stays resumable with --resume (rank 0 writes it atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+from typing import List
+
+from turbogs.errors import TurboGSError
+
+
+def strip_nproc(argv: List[str]) -> List[str]:
+    """The command line without `--nproc N` / `--nproc=N` (the workers must not launch again)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
+
+
+def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
+    """Run `turbogs <argv>` as `nproc` ranks on this machine; the exit code of the run.
+    `checkpoints` names where a resumable checkpoint lives, for the message when a rank dies."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # The launcher logs every worker start and stop at WARNING; the user wants one line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as torchrun sets it
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"turbogs-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1,
+                          start_method="spawn")
+    try:
+        elastic_launch(config, sys.executable)("-m", "turbogs", *argv)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode > 0:  # the rank ended itself (one clear line printed by rank 0)
+            return failure.exitcode
+        how = f"died (exit code {failure.exitcode})"
+        if failure.exitcode < 0 and -failure.exitcode in signal.valid_signals():
+            how = f"was killed by {signal.Signals(-failure.exitcode).name}"
+        raise TurboGSError(f"rank {rank} (pid {failure.pid}) {how}; the other ranks were stopped. "
+                           f"The last checkpoint in {checkpoints} continues with --resume") from None
+    return 0

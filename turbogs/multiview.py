@@ -1,0 +1,112 @@
+"""A step of several views: which views this rank trains, and how the views' results add up.
+
+A step trains V = ranks x batch_views views. Every rank draws the same V views (one shared
+random stream: the tile sampler's Gumbel top-k, or INRIA's shuffled order) and trains slots
+rank*B .. rank*B+B-1 of them, so that no two ranks train the same view in a step and 2 ranks
+of 1 view compute exactly what 1 process of `--batch-views 2` does.
+
+Each view's loss is divided by V before its backward pass, so the gradients summed over the
+views and ranks are those of the step's mean loss. Then one all-reduce of one flat buffer
+carries everything that is summed: the gradients, density control's statistics, the loss and
+PSNR for the progress bar, the visible Gaussians, the curvature estimates and, zero-padded by
+slot, every view's tile errors (an all-gather by a sum: each rank fills its own slots). A
+statistic combined by maximum (INRIA's largest screen radius) takes a second, MAX all-reduce.
+One view on one process does none of this: its results pass through untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from turbogs.distributed import World
+
+
+@dataclass
+class ViewResult:
+    """What one trained view leaves for the rest of the step (its gradients are in .grad)."""
+
+    loss: Tensor  # 0-d, detached, before the division by V
+    psnr: Tensor  # 0-d, NaN when no pixel was both rendered and inside the mask
+    visible: Tensor  # [N] bool
+    tile_errors: Optional[Tensor] = None  # [K] for the error memory
+    curvature: Optional[Dict[str, Tensor]] = None
+
+
+@dataclass
+class StepTotals:
+    """The step's figures, the same on every rank."""
+
+    loss: Tensor  # the mean over the step's views
+    psnr: Tensor  # the mean over the views that have one
+    visible: Tensor  # [N] bool: seen by any view of the step
+    tile_errors: List[Optional[Tensor]]  # per slot of the step (every rank's views)
+    curvature: Optional[Dict[str, Tensor]] = None  # the mean over the views
+
+
+def rank_slots(world: World, batch_views: int) -> range:
+    """The slots of the step's shared draw that this rank trains."""
+    return range(world.rank * batch_views, (world.rank + 1) * batch_views)
+
+
+def slot_generator(seed: int, step: int, slot: int) -> torch.Generator:
+    """A random stream of its own for one view of one step (the curvature probe of a step of
+    several views): the same on whichever rank trains the slot, and after --resume."""
+    state = np.random.SeedSequence([seed, step, slot]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor], statistics: Dict[str, Tensor],
+            reductions: Dict[str, str], tile_counts: Sequence[int], batch_views: int) -> StepTotals:
+    """Sum the views of this rank and of every rank: gradients (in place, in `.grad`),
+    `statistics` (in place), and the figures returned. `tile_counts`: each slot's number of
+    sampled tiles (known to every rank from the shared draw; empty without tile sampling)."""
+    if len(views) == 1 and world.size == 1:
+        only = views[0]
+        return StepTotals(only.loss, only.psnr, only.visible, [only.tile_errors], only.curvature)
+
+    total_views = batch_views * world.size
+    first = views[0]
+    has_psnr = torch.stack([~torch.isnan(view.psnr) for view in views])
+    psnrs = torch.stack([view.psnr for view in views])
+    figures = torch.stack([torch.stack([view.loss for view in views]).sum(),
+                           torch.where(has_psnr, psnrs, 0.0).sum(), has_psnr.sum().to(psnrs.dtype)])
+    visible = torch.stack([view.visible for view in views]).sum(0, dtype=torch.float32)
+    curvature = None if first.curvature is None else {
+        name: torch.stack([view.curvature[name] for view in views]).sum(0) for name in first.curvature}
+    tiles = torch.zeros(total_views, max(tile_counts, default=0), device=visible.device)
+    for slot, view in zip(rank_slots(world, batch_views), views):
+        if view.tile_errors is not None:
+            tiles[slot, : tile_counts[slot]] = view.tile_errors.detach().float()
+
+    if world.size > 1:
+        for param in params:  # a rank must send every gradient, even one its views did not reach
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        summed = [figures, visible, tiles, *(curvature or {}).values(), *[p.grad for p in params],
+                  *[value for key, value in statistics.items() if reductions.get(key, "sum") == "sum"]]
+        _all_reduce_in_place(world, summed, "sum")
+        maxed = [value for key, value in statistics.items() if reductions.get(key, "sum") == "max"]
+        _all_reduce_in_place(world, maxed, "max")
+
+    loss, psnr_sum, psnr_count = figures.unbind(0)
+    per_slot = [tiles[slot, :count] for slot, count in enumerate(tile_counts)] or [None] * total_views
+    return StepTotals(loss / total_views, psnr_sum / psnr_count, visible > 0, per_slot,
+                      None if curvature is None else {name: value / total_views for name, value in curvature.items()})
+
+
+def _all_reduce_in_place(world: World, tensors: List[Tensor], op: str) -> None:
+    """One all-reduce for all of `tensors` (flattened into one buffer and copied back)."""
+    if not tensors:
+        return
+    flat = torch.cat([tensor.detach().reshape(-1).to(torch.float32) for tensor in tensors])
+    world.all_reduce(flat, op)
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel()
+        tensor.copy_(flat[offset: offset + size].view_as(tensor))
+        offset += size
