@@ -10,10 +10,12 @@ code that allocates it:
   one word per row of each of the six parameter tensors);
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
   turbogs/density/error_driven.py (blame, weight, exposed);
+- the optimizer step's transients (none for fused Adam; six shN-sized tensors in the hybrid);
 - the render step's transients (turbogs/render/__init__.py on the gsplat 1.5.3 kernels): an
-  itemised *estimate*, per Gaussian plus per (Gaussian, tile) intersection, that no test can
-  pin to the allocator. tests/test_memory_per_gaussian.py checks the persistent rows above
-  against the real objects.
+  itemised *estimate*, per Gaussian, per (Gaussian, view) and per (Gaussian, tile).
+
+tests/test_memory_per_gaussian.py checks the persistent rows against the real objects and
+measures both optimizer steps' transients; the render estimate needs a GPU to pin down.
 
     python benchmarks/memory_per_gaussian.py [--sh-degree 3] [--visible 0.25] [--tiles 8]
 """
