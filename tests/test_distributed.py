@@ -201,3 +201,38 @@ def test_a_run_of_several_views_per_step_is_scheduled_in_views():
 def test_the_launcher_drops_nproc_from_the_workers_command():
     assert strip_nproc(["train", "s", "--nproc", "2", "--steps", "5"]) == ["train", "s", "--steps", "5"]
     assert strip_nproc(["train", "s", "--nproc=4"]) == ["train", "s"]
+
+
+class StopButton:
+    """Rank 0's live viewer, as the trainer sees it: the stop button is pressed at step 5."""
+
+    stop_requested = False
+
+    def wait_if_paused(self):
+        pass
+
+    def update(self, step, total, stats, raw, view_error):
+        self.stop_requested = step >= 5
+
+
+def _stop_from_the_viewer(rank: int, init_file: str, out: str, results) -> None:
+    from turbogs.data.load import load_scene
+    from turbogs.train import RunOptions, Trainer
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    world = World(rank, 2, rank, "gloo")
+    scene = load_scene(str(DEMO))
+    cfg = get_preset("3dgs").for_run(50, world_size=2)
+    options = RunOptions(out_dir=Path(out), progress=False, evaluate=False, log=lambda message: None, world=world,
+                         viewer=StopButton() if rank == 0 else None, viewer_on_main=rank > 0)
+    trainer = Trainer(scene, cfg, options)
+    trainer.run()
+    results[rank] = trainer.step
+    world.close()
+
+
+def test_rank_0s_viewer_stops_every_rank_at_the_same_step(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(_stop_from_the_viewer, args=(str(tmp_path / "init"), str(tmp_path / "out"), results), nprocs=2, join=True)
+    assert results[0] == results[1] == 5
+    assert len(list((tmp_path / "out").glob("point_cloud/iteration_5/point_cloud.ply"))) == 1

@@ -57,6 +57,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--step-audit", action="store_true",
                    help="instead: count host reads and aten ops per training step of the trainer's own code, "
                         "outside render and backward (step_audit.json); --steps N: steps counted (default 100)")
+    p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
+                   help="views per optimizer step, as turbogs train --batch-views (default 1)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
     return p
@@ -78,7 +80,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
         steps=args.steps, budget_seconds=args.budget_seconds,
         resolution=args.resolution, images=args.images, white_background=args.white_background,
-        device=pick_device(args.device, args.threads), seed=args.seed, eval_points=args.eval_points, progress=not args.quiet,
+        device=pick_device(args.device, args.threads), seed=args.seed, batch_views=args.batch_views,
+        eval_points=args.eval_points, progress=not args.quiet,
         command="turbogs " + shlex.join(argv),
     )
     if args.step_audit:

@@ -47,6 +47,7 @@ class BenchSettings:
     white_background: bool = False
     device: torch.device = torch.device("cpu")
     seed: int = 0
+    batch_views: int = 1  # views per optimizer step (the bench runs one process: world_size 1)
     eval_points: int = 8
     progress: bool = True
     command: str = ""
@@ -178,6 +179,7 @@ def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
     base, own_steps = split_steps(name)
     cfg = get_preset(base)
     cfg.seed = settings.seed
+    cfg.batch_views = settings.batch_views
     if own_steps is not None:
         return cfg.for_run(steps=own_steps)
     return cfg.for_run(settings.steps, settings.budget_seconds)
@@ -261,6 +263,9 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
         "stopped_by": "budget" if budget is not None and trainer.elapsed >= budget else "steps",
         "train_seconds": round(trainer.elapsed, 4),
         "steps_per_second": round(trainer.step / trainer.elapsed, 3) if trainer.elapsed > 0 else None,
+        # steps count optimizer steps: views trained = steps x world_size x batch_views
+        "world_size": trainer.world.size,
+        "batch_views": cfg.batch_views,
         "num_gaussians": len(trainer.gaussians),
         "peak_memory_bytes": meter.peak_growth(),
         "memory_measure": meter.kind,
