@@ -45,12 +45,12 @@ def main() -> int:
     rows = ["| capture | preset | ranks | lr rule | steps | views/s | x 1 rank | test PSNR (dB) | Gaussians |",
             "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:
-        for scene in args.scene:
+        for number, scene in enumerate(args.scene):
             for preset in args.presets.split(","):
                 runs = [(1, "sqrt")] + [(2, rule) for rule in args.lr_rules.split(",")]
                 base = None
                 for index, (nproc, rule) in enumerate(runs):
-                    result = train(scene, preset, args.views, nproc, rule, Path(scratch) / f"{preset}{index}")
+                    result = train(scene, preset, args.views, nproc, rule, Path(scratch) / f"{number}-{preset}-{index}")
                     base = base or result["views_per_second"]
                     rows.append(f"| {scene} | {preset} | {nproc} | {rule if nproc > 1 else '-'} | {result['steps']} | "
                                 f"{result['views_per_second']:.2f} | {result['views_per_second'] / base:.2f} | "
