@@ -64,3 +64,26 @@ def sampled_pixels(tile_mask: Optional[Tensor], width: int, height: int, device=
     tile_mask = tile_mask.to(device=device, dtype=torch.bool)
     full = tile_mask.repeat_interleave(tile_size, dim=0).repeat_interleave(tile_size, dim=1)
     return full[:height, :width]
+
+
+def sampled_pixel_values(image: Tensor, tile_ids: Optional[Tensor], tile_size: int = TILE_SIZE) -> Tensor:
+    """[M, C]: the pixels of the listed tiles of an [H, W, C] image in row-major order, the
+    order `image[sampled_pixels(...)]` lists them in, with no host read (a boolean index must
+    read how many pixels it selects; here M = K * ts * ts follows from the shapes).
+
+    Positions past the image border (partial tiles) come after the real pixels, as zeros that
+    pass no gradient back: a sum over the rows is the same sum, and when every tile is whole
+    (images whose sides are multiples of the tile size) this equals the boolean gather exactly.
+    `tile_ids` None means every pixel."""
+    height, width = image.shape[:2]
+    pixels = image.reshape(height * width, -1)
+    if tile_ids is None:
+        return pixels
+    flat, valid = tile_pixel_index(tile_ids, height, width, tile_size)
+    flat, valid = flat.reshape(-1), valid.reshape(-1)
+    # Sort by pixel index; the invalid positions get keys past every pixel, so they sort last.
+    beyond = height * width + torch.arange(flat.numel(), device=flat.device)
+    order = torch.argsort(torch.where(valid, flat, beyond))
+    values = pixels.index_select(0, flat.index_select(0, order))
+    return torch.where(valid.index_select(0, order)[:, None], values, torch.zeros((), dtype=values.dtype,
+                                                                                 device=values.device))

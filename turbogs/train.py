@@ -39,7 +39,7 @@ from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
 from turbogs.running_stats import RunningStats
 from turbogs.step_observer import StepObserver
-from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
+from turbogs.tiles import TILE_SIZE, sampled_pixel_values, tile_grid
 from turbogs.train_views import TrainingViews
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
@@ -217,9 +217,7 @@ class Trainer:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
-        height, width = out.image.shape[:2]
-        inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        pixels = out.image[inside]
+        pixels = sampled_pixel_values(out.image, pick.tile_ids)  # row-major, like a boolean gather, but no read
         with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
             return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, self.generator)
 

@@ -1,0 +1,85 @@
+"""The read-free pieces of issue 15's second part: each equals the code it replaced (which read
+from the device), and reads nothing under the step audit's counter."""
+
+import torch
+
+from turbogs.bench.audit import OpCounter
+from turbogs.curvature import calibration_quantile
+from turbogs.tiles import TILE_SIZE, sampled_pixel_values, sampled_pixels, tile_grid
+
+
+def counted(fn, *args, **kwargs):
+    """fn's result and the host reads it made."""
+    counter = OpCounter()
+    with counter, counter.in_section("step"):
+        result = fn(*args, **kwargs)
+    return result, dict(counter.reads)
+
+
+def random_tiles(height, width, generator):
+    rows, cols = tile_grid(height, width)
+    mask = torch.rand(rows, cols, generator=generator) < 0.4
+    mask.view(-1)[0] = True
+    return torch.nonzero(mask.view(-1)).squeeze(1), mask
+
+
+def test_sampled_pixel_values_equal_the_boolean_gather_without_a_read():
+    generator = torch.Generator().manual_seed(0)
+    for height, width in ((96, 128), (33, 40), (82, 125), (16, 16)):
+        tile_ids, tile_mask = random_tiles(height, width, generator)
+        image = torch.rand(height, width, 3, generator=generator, requires_grad=True)
+        inside = sampled_pixels(tile_mask, width, height)
+        expected = image[inside]
+        got, reads = counted(sampled_pixel_values, image, tile_ids)
+        assert not reads, reads
+        assert got.shape == (len(tile_ids) * TILE_SIZE * TILE_SIZE, 3)
+        count = expected.shape[0]  # the real pixels come first, in row-major order; then zeros
+        assert torch.equal(got[:count], expected) and not got[count:].any()
+        if height % TILE_SIZE == 0 and width % TILE_SIZE == 0:
+            assert torch.equal(got, expected)
+        # the same gradient: the padding passes none back
+        weights = torch.rand(got.shape, generator=generator)
+        (grad_got,) = torch.autograd.grad((got * weights).sum(), image)
+        (grad_expected,) = torch.autograd.grad((expected * weights[:count]).sum(), image)
+        assert torch.equal(grad_got, grad_expected)
+    image = torch.rand(5, 7, 3)
+    assert torch.equal(sampled_pixel_values(image, None), image[torch.ones(5, 7, dtype=torch.bool)])
+
+
+def boolean_quantile(adam, curvature, q):
+    """The calibration as it was: a boolean selection (one read for its size), then torch.quantile."""
+    ratio = (adam / curvature)[(curvature > 0) & (adam > 0)]
+    if ratio.numel() == 0:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.quantile(ratio, q).double()
+
+
+def test_calibration_quantile_equals_the_boolean_selection_without_a_read():
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        rows = int(torch.randint(1, 400, (1,), generator=generator))
+        shape = (rows, 1 + trial % 3)
+        adam = torch.rand(shape, generator=generator) * (torch.rand(shape, generator=generator) > 0.3)
+        density = float(torch.rand(1, generator=generator))
+        curvature = torch.rand(shape, generator=generator) ** 3 * (torch.rand(shape, generator=generator) < density)
+        for q in (0.5, 0.1, 0.93):
+            got, reads = counted(calibration_quantile, adam, curvature, q)
+            assert not reads, reads
+            assert torch.equal(got, boolean_quantile(adam, curvature, q)), (trial, q)
+    assert calibration_quantile(torch.zeros(4, 3), torch.ones(4, 3), 0.5) == 0
+
+
+def test_hybrid_curvature_update_reads_nothing():
+    """update_hessian with calibration (the turbo preset's means) makes no host read."""
+    from turbogs.optim import HybridOptimizer
+
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(40, 3))
+    optimizer = HybridOptimizer([param], lr=0.01, max_lengthening=2.0, calibration_quantile=0.5)
+    for _ in range(3):
+        param.grad = torch.randn_like(param)
+        optimizer.step(ok=torch.tensor(True))
+        _, reads = counted(optimizer.update_hessian, torch.rand_like(param), visible=torch.rand(40) > 0.3,
+                           ok=torch.tensor(True))
+        assert not reads, reads
+    assert optimizer.state[param]["kappa"] > 0
