@@ -21,7 +21,7 @@ holds one, and `build()` makes the strategy from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Optional
 
 import torch
@@ -48,10 +48,16 @@ class DensityStep:
     # must change nothing; the trainer does not read it, so statistics are masked by it, and
     # a scheduled change of the Gaussians reads it (`good()`). None = a good step.
     ok: Optional[Tensor] = None
+    _good: Optional[bool] = field(default=None, repr=False, compare=False)
 
     def good(self) -> bool:
-        """Whether the step was finite: one host read, for density control's scheduled steps only."""
-        return self.ok is None or bool(self.ok)
+        """Whether the step was finite: one host read, for density control's scheduled steps only
+        (remembered, so a step that both densifies and resets opacities reads once)."""
+        if self.ok is None:
+            return True
+        if self._good is None:
+            self._good = bool(self.ok)
+        return self._good
 
     def seen(self, mask: Tensor) -> Tensor:
         """`mask` (e.g. the visible Gaussians), and nothing on a non-finite step; no read."""
