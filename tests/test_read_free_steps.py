@@ -1,10 +1,14 @@
 """The read-free pieces of issue 15's second part: each equals the code it replaced (which read
 from the device), and reads nothing under the step audit's counter."""
 
+import time
+
+import pytest
 import torch
 
 from turbogs.bench.audit import OpCounter
 from turbogs.curvature import calibration_quantile
+from turbogs.step_clock import StepClock
 from turbogs.tiles import TILE_SIZE, sampled_pixel_values, sampled_pixels, tile_grid
 
 
@@ -83,3 +87,69 @@ def test_hybrid_curvature_update_reads_nothing():
                            ok=torch.tensor(True))
         assert not reads, reads
     assert optimizer.state[param]["kappa"] > 0
+
+
+class FakeEvent:
+    """A stand-in for torch.cuda.Event on the CPU: its GPU time runs `lag` seconds per record
+    behind the host's, and it counts the waits."""
+
+    records, waits, lag = 0, 0, 0.25
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        FakeEvent.records += 1
+        self.at = time.perf_counter() + FakeEvent.lag * FakeEvent.records
+
+    def synchronize(self):
+        FakeEvent.waits += 1
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1000.0
+
+
+def test_step_clock_uses_events_with_one_wait_per_read():
+    FakeEvent.records = FakeEvent.waits = 0
+    clock = StepClock(torch.device("cuda"), events=FakeEvent)
+    host, started = [], time.perf_counter()
+    for _ in range(5):
+        clock.start()
+        time.sleep(0.001)
+        host.append(clock.stop())
+    assert FakeEvent.waits == 0  # no wait per step
+    first_at = time.perf_counter()
+    correction = clock.settle()
+    assert FakeEvent.waits == 1
+    # GPU time of the stretch: from the first step's start event to the last step's end event,
+    # which the fake puts 5 records of lag later (6 records: one start, five ends re-recorded)
+    measured = sum(host) + correction
+    assert 5 * FakeEvent.lag < measured < 5 * FakeEvent.lag + (first_at - started)
+    assert clock.settle() == 0.0  # nothing since
+    cpu = StepClock(torch.device("cpu"))
+    cpu.start()
+    time.sleep(0.002)
+    assert cpu.stop() >= 0.002 and cpu.settle() == 0.0
+
+
+def test_trainer_clock_settles_at_the_figures_read(tmp_path, monkeypatch):
+    """run_step never waits for the device; read_device_figures adds the events' correction."""
+    from test_cli import small_demo
+    from turbogs import train
+    from turbogs.bench.run import BenchSettings, make_trainer, preset_config
+    from turbogs.data.load import load_scene
+
+    scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
+    settings = BenchSettings(scene=tmp_path / "scene", presets=["3dgs"], out_dir=tmp_path / "out", log=lambda *_: None)
+    trainer = make_trainer(scene, preset_config("3dgs", settings), settings)
+    monkeypatch.setattr(train, "synchronize", lambda device: pytest.fail("run_step waited for the device"))
+    FakeEvent.records = FakeEvent.waits = 0
+    trainer.clock = StepClock(torch.device("cuda"), events=FakeEvent)
+    for _ in range(3):
+        trainer.run_step()
+    estimated = trainer.elapsed
+    assert FakeEvent.waits == 0 and estimated > 0
+    trainer.read_device_figures()
+    assert FakeEvent.waits == 1
+    assert trainer.elapsed > estimated + 2 * FakeEvent.lag  # the events' (lagging) time, not the host's

@@ -38,6 +38,7 @@ from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.preflight import check_memory, disk_bytes_needed
 from turbogs.render import render
 from turbogs.running_stats import RunningStats
+from turbogs.step_clock import StepClock
 from turbogs.step_observer import StepObserver
 from turbogs.tiles import TILE_SIZE, sampled_pixel_values, tile_grid
 from turbogs.train_views import TrainingViews
@@ -160,6 +161,7 @@ class Trainer:
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.observer = StepObserver()
+        self.clock = StepClock(self.device)
 
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or of the time budget when there is one."""
@@ -240,12 +242,12 @@ class Trainer:
         synchronize(self.device)
 
     def run_step(self) -> float:
-        """One timed step: the training clock counts it, GPU work included."""
-        started = time.perf_counter()
+        """One timed step: the training clock counts it, GPU work included (on CUDA by events,
+        with no wait per step: the host's estimate until the figures are read; step_clock.py)."""
+        self.clock.start()
         self.train_step()
         self.step += 1
-        synchronize(self.device)
-        seconds = time.perf_counter() - started
+        seconds = self.clock.stop()
         self.elapsed += seconds
         return seconds
 
@@ -284,6 +286,7 @@ class Trainer:
     def read_device_figures(self) -> None:
         """The one place where the step's figures come to the host (bar refreshes, the viewer,
         checkpoints, the end): one read. Too many skipped steps in a row stop the run here."""
+        self.elapsed += self.clock.settle()  # on CUDA: the GPU's own time for the steps since the last read
         if self.stats.refresh() >= MAX_BAD_STEPS:
             if not checkpoint.list_checkpoints(self.options.out_dir):
                 # Skipped steps changed no parameter: this state is the last good one.
