@@ -24,6 +24,14 @@ from torch import Tensor
 Optimizers = Dict[str, torch.optim.Optimizer]
 
 
+def clear_grads(optimizer: torch.optim.Optimizer) -> None:
+    """`optimizer.zero_grad(set_to_none=True)` without its profiler record, which costs two ops
+    per optimizer per step (counted by the step audit) and records nothing unless profiling."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
+
+
 class OptimizerConfig:
     """Base of the optimizer settings (each a dataclass). `name` is what --optimizer takes."""
 
