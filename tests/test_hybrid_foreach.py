@@ -84,3 +84,40 @@ def test_foreach_step_takes_few_ops_and_no_read():
             optimizer.step(ok=torch.tensor(True))
     assert not counter.reads
     assert counter.ops < single.ops / 2, (counter.ops, single.ops)
+
+
+# --- the 3dgs preset's fused Adam, all optimizers in one pass -----------------------------
+
+
+@pytest.mark.parametrize("oks", [[None] * 4, [True, False, True, True]])
+def test_fused_adam_all_at_once_equals_each_optimizer_step(oks):
+    from turbogs.optimizers import AdamConfig
+
+    def train(at_once):
+        gen = torch.Generator().manual_seed(3)
+        params = {name: torch.nn.Parameter(torch.randn((32,) + shape, generator=gen)) for name, shape in SHAPES.items()}
+        config = AdamConfig()
+        optimizers = config.build(params, {name: 0.001 * (i + 1) for i, name in enumerate(SHAPES)})
+        ops = []
+        for ok in oks:
+            for name, param in params.items():
+                param.grad = torch.randn(param.shape, generator=gen)
+                if ok is False and name == "means":
+                    param.grad[0, 0] = float("inf")
+            flag = None if ok is None else torch.tensor(ok)
+            counter = OpCounter()
+            with counter, counter.in_section("step"):
+                if at_once:
+                    config.step(optimizers, None, None, flag)
+                else:  # each optimizer's own step(), as torch runs it
+                    for optimizer in optimizers.values():
+                        optimizer.found_inf = None if flag is None else (~flag).to(torch.float32)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+            assert not counter.reads
+            ops.append(counter.ops)
+        return params, optimizers, ops
+
+    at_once, each = train(True), train(False)
+    assert_identical(at_once[:2], each[:2])
+    assert at_once[2][-1] < each[2][-1] / 2, (at_once[2], each[2])
