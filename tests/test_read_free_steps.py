@@ -153,3 +153,29 @@ def test_trainer_clock_settles_at_the_figures_read(tmp_path, monkeypatch):
     trainer.read_device_figures()
     assert FakeEvent.waits == 1
     assert trainer.elapsed > estimated + 2 * FakeEvent.lag  # the events' (lagging) time, not the host's
+
+
+def test_sampled_pixels_kept_for_the_same_mask_and_recomputed_for_another():
+    """The answer is kept for the last mask (a step asks three times), never reused for a
+    changed or different mask."""
+
+    def expected(mask, width, height):
+        rows, cols = torch.meshgrid(torch.arange(height) // TILE_SIZE, torch.arange(width) // TILE_SIZE, indexing="ij")
+        return mask[rows, cols]
+
+    mask = torch.tensor([[True, False, True], [False, True, False]])
+    first = sampled_pixels(mask, 40, 20)
+    assert torch.equal(first, expected(mask, 40, 20))
+    counter = OpCounter()
+    with counter, counter.in_section("step"):
+        again = sampled_pixels(mask, 40, 20)
+    assert again is first and counter.ops == 0
+    mask[0, 1] = True  # changed in place: recomputed
+    assert torch.equal(sampled_pixels(mask, 40, 20), expected(mask, 40, 20))
+    other = ~mask
+    assert torch.equal(sampled_pixels(other, 40, 20), expected(other, 40, 20))
+    assert torch.equal(sampled_pixels(other, 36, 17), expected(other, 36, 17))
+    for _ in range(20):  # fresh masks (some at a freed one's address) are never mistaken for it
+        fresh = torch.rand(2, 3) < 0.5
+        assert torch.equal(sampled_pixels(fresh, 40, 20), expected(fresh, 40, 20))
+        del fresh

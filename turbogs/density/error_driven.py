@@ -46,6 +46,7 @@ gradient.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -123,13 +124,20 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
 
     center = means2d.detach().float() / tile_size
     reach = radii.float()[:, None] / tile_size
-    limit = torch.tensor([tile_width, tile_height], device=device)
+    limit = _grid_limit(tile_width, tile_height, device)
     lo = torch.minimum(torch.floor(center - reach).clamp_min(0), limit).long()  # [N, 2] as (x, y)
     hi = torch.minimum(torch.ceil(center + reach).clamp_min(0), limit).long()
     count = (table[hi[:, 1], hi[:, 0]] - table[lo[:, 1], hi[:, 0]]
              - table[hi[:, 1], lo[:, 0]] + table[lo[:, 1], lo[:, 0]])
     return (radii > 0) & (count > 0)
 
+
+
+@functools.lru_cache(maxsize=16)
+def _grid_limit(tile_width: int, tile_height: int, device: torch.device) -> Tensor:
+    """[TW, TH] on the device, made once per grid: a tensor built from host numbers every step
+    is a host-to-device copy every step, which on CUDA waits for the queue."""
+    return torch.tensor([tile_width, tile_height], device=device)
 
 # --- the strategy -----------------------------------------------------------------
 
