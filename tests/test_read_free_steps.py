@@ -179,3 +179,33 @@ def test_sampled_pixels_kept_for_the_same_mask_and_recomputed_for_another():
         fresh = torch.rand(2, 3) < 0.5
         assert torch.equal(sampled_pixels(fresh, 40, 20), expected(fresh, 40, 20))
         del fresh
+
+
+def test_ssim_with_cached_blur_weights_is_bit_identical():
+    """metrics.ssim_map with its blur weights made once gives the same bits as building them
+    in every blur (the code before), so the evaluation and the 3dgs loss are unchanged."""
+    import torch.nn.functional as F
+
+    from turbogs import metrics
+
+    def reference(img, gt):
+        x, y = img[None].permute(0, 3, 1, 2), gt[None].permute(0, 3, 1, 2)
+        kernel = metrics.gaussian_kernel_1d().to(x.dtype)
+        size = kernel.numel()
+
+        def blur(t):
+            vertical = kernel.view(1, 1, size, 1).expand(3, 1, size, 1)
+            horizontal = kernel.view(1, 1, 1, size).expand(3, 1, 1, size)
+            t = F.conv2d(t, vertical, padding=(size // 2, 0), groups=3)
+            return F.conv2d(t, horizontal, padding=(0, size // 2), groups=3)
+
+        mu_x, mu_y = blur(x), blur(y)
+        var_x, var_y, cov = blur(x * x) - mu_x**2, blur(y * y) - mu_y**2, blur(x * y) - mu_x * mu_y
+        ssim = ((2 * mu_x * mu_y + metrics.SSIM_C1) * (2 * cov + metrics.SSIM_C2)
+                / ((mu_x**2 + mu_y**2 + metrics.SSIM_C1) * (var_x + var_y + metrics.SSIM_C2)))
+        return ssim.permute(0, 2, 3, 1)[0]
+
+    generator = torch.Generator().manual_seed(2)
+    for shape in ((40, 50, 3), (17, 23, 3)):
+        img, gt = torch.rand(shape, generator=generator), torch.rand(shape, generator=generator)
+        assert torch.equal(metrics.ssim_map(img, gt), reference(img, gt))
