@@ -122,17 +122,18 @@ The estimator pass is one extra backward pass through the same graph, every
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from turbogs.curvature import calibration_quantile, gauss_newton_diagonal_sample, rademacher
 from turbogs.errors import TurboGSError
-from turbogs.optimizers import OptimizerConfig, Optimizers
+from turbogs.hybrid_foreach import foreach_step
+from turbogs.optimizers import OptimizerConfig, Optimizers, clear_grads
 
-ParamsArg = Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
-_QUANTILE_SAMPLE = 1 << 20  # ratios drawn for the calibration quantile when there are more
+__all__ = ["HybridConfig", "HybridOptimizer", "gauss_newton_diagonal_sample", "rademacher"]
+
 
 
 @dataclass
@@ -207,74 +208,15 @@ class HybridConfig(OptimizerConfig):
         return gauss_newton_diagonal_sample(rendered, curved, generator, loss_hessian_scale=scale)
 
     def step(self, optimizers, visible, curvature, ok=None) -> None:
+        # Every optimizer's update at once, in a few _foreach ops (the same arithmetic as
+        # HybridOptimizer.step, which it falls back to where it does not apply).
+        foreach_step(list(optimizers.values()), visible if self.selective else None, ok)
         for name, optimizer in optimizers.items():
-            optimizer.step(visible=visible if self.selective else None, ok=ok)
             if curvature is not None and name in curvature:
                 # Rendered rows only, even without selective steps: an unseen Gaussian's
                 # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
                 optimizer.update_hessian(curvature[name], visible=visible, ok=ok)
-            optimizer.zero_grad(set_to_none=True)
-
-
-# --- the curvature estimator --------------------------------------------------------
-
-
-def rademacher(shape: torch.Size, generator: Optional[torch.Generator], device: torch.device,
-               dtype: torch.dtype) -> torch.Tensor:
-    """Independent +-1 entries with probability 1/2 each. They are drawn on the generator's
-    device (a CPU generator may drive a CUDA run) and then moved."""
-    draw_device = device if generator is None else generator.device
-    bits = torch.randint(0, 2, tuple(shape), generator=generator, device=draw_device, dtype=torch.uint8)
-    return bits.to(device=device, dtype=dtype).mul_(2).sub_(1)
-
-
-def gauss_newton_diagonal_sample(
-    outputs: torch.Tensor,
-    params: ParamsArg,
-    generator: Optional[torch.Generator] = None,
-    loss_hessian_scale: Union[float, torch.Tensor] = 1.0,
-    retain_graph: bool = True,
-) -> Union[List[torch.Tensor], Dict[str, torch.Tensor]]:
-    """One unbiased sample of the Gauss-Newton diagonal, from one first-order backward pass.
-
-    Let y = outputs (e.g. rendered pixels), J = dy/dtheta and the loss's Hessian in y
-    be diagonal with entries c_j = `loss_hessian_scale` (a scalar, or a tensor that
-    broadcasts to `outputs`). The Gauss-Newton matrix is G = J^T diag(c) J. With
-    Rademacher u (+-1) shaped like y, this returns s * s for
-
-        s = J^T (sqrt(c) * u)        (one vector-Jacobian product: autograd.grad).
-
-    E[s_i^2] = sum_jk sqrt(c_j c_k) J_ji J_ki E[u_j u_k] = sum_j c_j J_ji^2 = G_ii,
-    so the sample is unbiased for diag(G) and needs no second derivative (gsplat's
-    rasterizer has none). Its variance is 2 ((sum_j a_j^2)^2 - sum_j a_j^4) with
-    a_j = sqrt(c_j) J_ji: a relative standard deviation of at most sqrt(2) per sample,
-    smaller than with Gaussian u.
-
-    Which loss Hessian: c = 1 is exact for 0.5 * ||y - target||^2. The splatting loss is
-    L1 + D-SSIM (+ NCC). L1's Hessian is zero almost everywhere. SSIM's and NCC's couple
-    the pixels of a window, which a diagonal c cannot express. So this estimates the
-    curvature of an L2-like surrogate with per-pixel curvature c (pass the loss's
-    per-pixel weight divided by a residual scale). It is a curvature *scale* for the
-    preconditioner, not the exact Hessian of the training loss.
-
-    `params` is a list (a list comes back) or a name -> tensor mapping (a dict comes
-    back). A parameter that `outputs` does not depend on gets zeros. The graph is
-    retained by default, so the loss's own backward pass can follow.
-    """
-    named = isinstance(params, Mapping)
-    tensors = list(params.values()) if named else list(params)
-    if torch.is_tensor(loss_hessian_scale):
-        if bool((loss_hessian_scale < 0).any()):
-            raise ValueError("loss_hessian_scale must be non-negative (it is a curvature)")
-        root = loss_hessian_scale.to(device=outputs.device, dtype=outputs.dtype).sqrt()
-    else:
-        if loss_hessian_scale < 0:
-            raise ValueError(f"loss_hessian_scale must be non-negative (it is a curvature), got {loss_hessian_scale}")
-        root = math.sqrt(loss_hessian_scale)
-    probe = rademacher(outputs.shape, generator, outputs.device, outputs.dtype) * root
-    grads = torch.autograd.grad(outputs, tensors, grad_outputs=probe, retain_graph=retain_graph, allow_unused=True)
-    samples = [torch.zeros_like(p) if g is None else (g * g).detach() for p, g in zip(tensors, grads)]
-    return dict(zip(params.keys(), samples)) if named else samples
+            clear_grads(optimizer)
 
 
 # --- the optimizer --------------------------------------------------------------------
@@ -355,7 +297,6 @@ class HybridOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, eps, clip = group["lr"], group["eps"], group["clip"]
             beta1, beta2 = group["betas"]
-            kappa = group["curvature_scale"]
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -375,14 +316,7 @@ class HybridOptimizer(torch.optim.Optimizer):
                     t = state["step"].to(param.device)
                 bias1 = (1 - beta1 ** t).to(param.dtype)
                 denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
-                if group["calibration_quantile"] is not None:
-                    # The calibrated kappa stays a tensor (no host read): the hybrid denominator
-                    # wherever it is positive, Adam's while it is 0 (no calibration yet).
-                    kappa = state["kappa"].to(param.device)
-                    denominator = torch.where(kappa > 0, self._hybrid_denominator(state, group, param, denominator,
-                                                                                  kappa), denominator)
-                elif kappa > 0:
-                    denominator = self._hybrid_denominator(state, group, param, denominator, kappa)
+                denominator = self._denominator(state, group, param, denominator)
                 ratio = exp_avg / denominator.add_(eps)  # m / P; the step is lr * ratio / bias1
                 if clip is not None:
                     ratio.clamp_(-clip * bias1, clip * bias1)  # |step| <= clip * lr
@@ -393,6 +327,17 @@ class HybridOptimizer(torch.optim.Optimizer):
                 _assign(state["exp_avg_sq"], exp_avg_sq, rows)
                 state["row_step"].copy_(row_step)
         return loss
+
+    def _denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor) -> torch.Tensor:
+        """The preconditioner P, from Adam's sqrt(v_hat): Adam's without curvature, else the
+        hybrid's. A calibrated kappa stays a tensor (no host read): the hybrid denominator
+        wherever it is positive, Adam's while it is 0 (no calibration yet)."""
+        if group["calibration_quantile"] is not None:
+            kappa = state["kappa"].to(param.device)
+            return torch.where(kappa > 0, self._hybrid_denominator(state, group, param, adam, kappa), adam)
+        if group["curvature_scale"] > 0:
+            return self._hybrid_denominator(state, group, param, adam, group["curvature_scale"])
+        return adam
 
     def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
                             kappa: Union[float, torch.Tensor]) -> torch.Tensor:
@@ -447,17 +392,10 @@ class HybridOptimizer(torch.optim.Optimizer):
         Coordinates with a smaller ratio (stiffer, or less noisy) take shorter steps than Adam,
         those with a larger one longer steps, up to max_lengthening."""
         beta2 = group["betas"][1]
-        steps = max(float(state["step"]), 1.0)
-        adam = state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** steps)
+        steps = state["step"].to(param.device).clamp_min(1)  # stays on the device: no read
+        adam = state["exp_avg_sq"].sqrt() / (1 - beta2 ** steps).sqrt().to(param.dtype)
         curvature = self._curvature(state, group, param, 1.0)
-        ratio = (adam / curvature)[(curvature > 0) & (adam > 0)]
-        if ratio.numel() == 0:
-            return torch.zeros((), dtype=torch.float64, device=param.device)
-        if ratio.numel() > _QUANTILE_SAMPLE:  # torch.quantile's input limit; a uniform sample is as good
-            ratio = ratio[torch.randint(ratio.numel(), (_QUANTILE_SAMPLE,), device=ratio.device)]
-        if ratio.dtype not in (torch.float32, torch.float64):
-            ratio = ratio.float()  # torch.quantile's dtypes
-        return torch.quantile(ratio, group["calibration_quantile"]).double()
+        return calibration_quantile(adam, curvature, group["calibration_quantile"])
 
 
 def _and(rows: Optional[torch.Tensor], ok: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

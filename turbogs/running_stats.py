@@ -9,6 +9,8 @@ from typing import Optional
 
 import torch
 
+from turbogs import host_read
+
 
 @dataclass
 class RunningStats:
@@ -61,7 +63,7 @@ class RunningStats:
         since the last refresh, so that the trainer can stop a diverged run."""
         if self._smoothed is None:
             return self.bad_streak
-        loss, psnr, skipped, streak, longest = torch.cat([self._smoothed, self._bad]).tolist()
+        loss, psnr, skipped, streak, longest = host_read.values(torch.cat([self._smoothed, self._bad]))
         self.loss, self.psnr = loss, psnr
         self.skipped_steps += int(skipped)
         self.bad_streak = int(streak)

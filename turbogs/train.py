@@ -40,8 +40,9 @@ from turbogs.metrics import sampled_psnr_tensor
 from turbogs.multiview import ViewResult, combine, rank_slots, slot_generator
 from turbogs.render import render
 from turbogs.running_stats import RunningStats
+from turbogs.step_clock import StepClock
 from turbogs.step_observer import StepObserver
-from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
+from turbogs.tiles import TILE_SIZE, sampled_pixel_values, tile_grid
 from turbogs.train_views import TrainingViews
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
@@ -178,6 +179,7 @@ class Trainer:
         self.step = 0
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.observer = StepObserver()
+        self.clock = StepClock(self.device)
 
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or of the time budget when there is one."""
@@ -260,9 +262,7 @@ class Trainer:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
-        height, width = out.image.shape[:2]
-        inside = sampled_pixels(pick.tile_mask, width, height, out.image.device)
-        pixels = out.image[inside]
+        pixels = sampled_pixel_values(out.image, pick.tile_ids)  # row-major, like a boolean gather, but no read
         with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
             return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, generator)
 
@@ -285,12 +285,12 @@ class Trainer:
         synchronize(self.device)
 
     def run_step(self) -> float:
-        """One timed step: the training clock counts it, GPU work included."""
-        started = time.perf_counter()
+        """One timed step: the training clock counts it, GPU work included (on CUDA by events,
+        with no wait per step: the host's estimate until the figures are read; step_clock.py)."""
+        self.clock.start()
         self.train_step()
         self.step += 1
-        synchronize(self.device)
-        seconds = time.perf_counter() - started
+        seconds = self.clock.stop()
         self.elapsed += seconds
         return seconds
 
@@ -335,6 +335,7 @@ class Trainer:
         checkpoints, the end): one read. Too many skipped steps in a row stop the run here;
         with several ranks only at steps every rank reads (RANKS_READ_EVERY, and the end), so
         that they all stop at the same step."""
+        self.elapsed += self.clock.settle()  # on CUDA: the GPU's own time for the steps since the last read
         self.longest_bad_streak = max(self.longest_bad_streak, self.stats.refresh())
         if self.world.size > 1 and not final and self.step % RANKS_READ_EVERY:
             return

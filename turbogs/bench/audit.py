@@ -12,7 +12,9 @@ its `StepObserver` seam (`Trainer.observer`): the counting pauses inside `render
 inside the hybrid optimizer's curvature estimate, which is one more backward pass (every
 10th step, with random residuals). So the scope is "trainer outside render and backward". On CUDA the host reads inside
 `render()` are counted too (`render_host_reads`); on the CPU the renderer is the torch
-twin, whose reads say nothing about the CUDA path, so they are left out.
+twin, whose reads say nothing about the CUDA path, so they are left out. A batched read
+(`.tolist()` of several values, one wait) runs no aten op on the CPU; the step's code makes
+those through `turbogs.host_read.values`, which the audit counts as one read each.
 
 Which steps: the preset is scheduled as `bench --steps max(N, 1000)` would run it, so that
 density control runs on its ordinary cadence. The first N steps are counted, and the
@@ -30,6 +32,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from turbogs import host_read
 from turbogs.atomic import atomic_write_json
 from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, split_steps
 from turbogs.config import get_preset
@@ -41,6 +44,7 @@ SCHEDULE_STEPS = 1000  # the run's schedule (as bench --steps 1000), so density 
 DENSITY_STEPS_WANTED = 2  # keep counting until this many density-control steps were seen
 SCOPE = "trainer outside render and backward"
 
+BATCHED_READ = "tolist (turbogs.host_read.values)"
 _UNIQUE_OPS = {"_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
 _ALWAYS_READS = {"_local_scalar_dense", "nonzero", "masked_select"} | _UNIQUE_OPS
 _INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
@@ -159,9 +163,12 @@ def audit_preset(name: str, scene, settings: BenchSettings, steps: int,
         while trainer.step < cfg.steps and (len(ordinary) + len(density) < steps or len(density) < density_steps_wanted):
             counter.reset()
             observer.density_stats = None
+            batched_before = host_read.reads_so_far()
             with counter.in_section("step"):
                 trainer.run_step()
             record = {"ops": counter.ops, "reads": dict(counter.reads)}
+            if host_read.reads_so_far() > batched_before:  # .tolist() runs no op on the CPU: counted apart
+                record["reads"][BATCHED_READ] = host_read.reads_so_far() - batched_before
             render_reads.update(counter.render_reads)
             is_density = bool(observer.density_stats and observer.density_stats.get("densified"))
             (density if is_density else ordinary).append(record)
@@ -197,7 +204,7 @@ def run_step_audit(settings: BenchSettings, steps: Optional[int] = None) -> dict
         "machine": machine_info(settings.device),
         "command": settings.command,
         "host_read_ops": sorted(_ALWAYS_READS) + ["index/index_put with a boolean mask",
-                                                 "repeat_interleave without output_size"],
+                                                 "repeat_interleave without output_size", BATCHED_READ],
         "presets": presets,
     }
     atomic_write_json(settings.out_dir / "step_audit.json", result)

@@ -33,7 +33,7 @@ holds one, and `build()` makes the strategy from it.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Optional
 
 import torch
@@ -64,10 +64,16 @@ class DensityStep:
     # The loss of a step of V views is the mean of their losses, so each view's gradients
     # arrive divided by V; statistics that INRIA defines per view multiply them back by this.
     grad_scale: float = 1.0
+    _good: Optional[bool] = field(default=None, repr=False, compare=False)
 
     def good(self) -> bool:
-        """Whether the step was finite: one host read, for density control's scheduled steps only."""
-        return self.ok is None or bool(self.ok)
+        """Whether the step was finite: one host read, for density control's scheduled steps only
+        (remembered, so a step that both densifies and resets opacities reads once)."""
+        if self.ok is None:
+            return True
+        if self._good is None:
+            self._good = bool(self.ok)
+        return self._good
 
     def seen(self, mask: Tensor) -> Tensor:
         """`mask` (e.g. the visible Gaussians), and nothing on a non-finite step; no read."""

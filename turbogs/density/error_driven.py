@@ -46,6 +46,7 @@ statistics are used), `extra_loss` the blame term, `observe` reads the probe's g
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -123,13 +124,20 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
 
     center = means2d.detach().float() / tile_size
     reach = radii.float()[:, None] / tile_size
-    limit = torch.tensor([tile_width, tile_height], device=device)
+    limit = _grid_limit(tile_width, tile_height, device)
     lo = torch.minimum(torch.floor(center - reach).clamp_min(0), limit).long()  # [N, 2] as (x, y)
     hi = torch.minimum(torch.ceil(center + reach).clamp_min(0), limit).long()
     count = (table[hi[:, 1], hi[:, 0]] - table[lo[:, 1], hi[:, 0]]
              - table[hi[:, 1], lo[:, 0]] + table[lo[:, 1], lo[:, 0]])
     return (radii > 0) & (count > 0)
 
+
+
+@functools.lru_cache(maxsize=16)
+def _grid_limit(tile_width: int, tile_height: int, device: torch.device) -> Tensor:
+    """[TW, TH] on the device, made once per grid: a tensor built from host numbers every step
+    is a host-to-device copy every step, which on CUDA waits for the queue."""
+    return torch.tensor([tile_width, tile_height], device=device)
 
 # --- the strategy -----------------------------------------------------------------
 
@@ -294,21 +302,22 @@ class ErrorDrivenDensity(Strategy):
         # 2. Choose growth among the survivors: highest blame per exposure first.
         score = state["blame"] / exposed.clamp_min(1)
         seen = (exposed > 0) & ~prune
-        mean_score = score[seen].mean() if bool(seen.any()) else score.new_zeros(())
+        # The mean score of the seen survivors (0 when none), as a masked sum: no read.
+        mean_score = torch.where(seen, score, 0.0).sum() / seen.sum().clamp_min(1)
         candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0)
         small = max_scale <= cfg.percent_dense * scene_extent
-        room = max(0, self.budget_at(progress) - (n - int(prune.sum())))
+        room = (self.budget_at(progress) - n + prune.sum()).clamp_min(0)
         grow = self._pick_growth(candidates, small, score, room, limit=int(cfg.grow_fraction * n))
         clone, to_split = grow & small, grow & ~small
 
-        # 3. Apply: remove first, then the growth masks index the surviving rows.
-        keep = ~prune
-        state.update(rows.remove_rows(gaussians, optimizers, keep, extra=state))
-        clone, to_split = clone[keep], to_split[keep]
-        state.update(rows.duplicate(gaussians, optimizers, clone, extra=state))
-        n_clones = int(clone.sum())
-        split_mask = torch.cat([to_split, torch.zeros(n_clones, dtype=torch.bool, device=to_split.device)])
-        state.update(rows.split(gaussians, optimizers, split_mask, n=cfg.split_into, extra=state))
+        # 3. Apply, in one rebuild: the survivors that are not split, then the clones, then the
+        # children (the order of remove_rows, duplicate and split one after another).
+        kept = ~prune & ~to_split
+        count = rows.read_counts(clone=clone, split=to_split, kept=kept, pruned=prune, opacity=low_opacity,
+                                 tiny=tiny, hidden=hidden)  # the one host read
+        state.update(rows.grow(gaussians, optimizers, rows.mask_index(kept, count["kept"]),
+                               clones=rows.mask_index(clone, count["clone"]),
+                               parents=rows.mask_index(to_split, count["split"]), n=cfg.split_into, extra=state))
 
         if cfg.opacity_decay < 1.0:
             decay_opacity(gaussians, cfg.opacity_decay)
@@ -316,24 +325,24 @@ class ErrorDrivenDensity(Strategy):
             value.zero_()
         return {
             "densified": True,
-            "n_cloned": n_clones,
-            "n_split": int(to_split.sum()),
-            "n_pruned": int(prune.sum()),
-            "n_pruned_opacity": int(low_opacity.sum()),
-            "n_pruned_tiny": int(tiny.sum()),
-            "n_pruned_hidden": int(hidden.sum()),
+            "n_cloned": count["clone"],
+            "n_split": count["split"],
+            "n_pruned": count["pruned"],
+            "n_pruned_opacity": count["opacity"],
+            "n_pruned_tiny": count["tiny"],
+            "n_pruned_hidden": count["hidden"],
         }
 
-    def _pick_growth(self, candidates: Tensor, small: Tensor, score: Tensor, room: int, limit: int) -> Tensor:
+    def _pick_growth(self, candidates: Tensor, small: Tensor, score: Tensor, room, limit: int) -> Tensor:
         """The highest-scoring candidates, at most `limit` of them, whose added rows (1 per
-        clone, split_into - 1 per split) fit in `room`."""
-        order = torch.nonzero(candidates).squeeze(1)
-        order = order[torch.argsort(score[order], descending=True, stable=True)][:limit]
-        cost = torch.where(small[order], 1, self.config.split_into - 1)
-        chosen = order[torch.cumsum(cost, dim=0) <= room]
-        grow = torch.zeros_like(candidates)
-        grow[chosen] = True
-        return grow
+        clone, split_into - 1 per split) fit in `room` (an int or a 0-d device tensor). No host
+        read: the candidates sorted by score (the others after them, at no cost), and those
+        whose running cost fits."""
+        order = torch.argsort(torch.where(candidates, score, -math.inf), descending=True, stable=True)[:limit]
+        is_candidate = candidates.index_select(0, order)
+        cost = torch.where(small.index_select(0, order), 1, self.config.split_into - 1) * is_candidate
+        chosen = is_candidate & (torch.cumsum(cost, dim=0) <= room)
+        return torch.zeros_like(candidates).index_copy_(0, order, chosen)
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
+from turbogs import host_read
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.kernels.projection_torch import quat_to_rotmat
 
@@ -166,34 +167,86 @@ def duplicate(gaussians: Gaussians, optimizers: Optimizers, mask: torch.Tensor,
     """INRIA's clone: append an exact copy of every masked Gaussian (the copy starts with
     zero optimizer moments; the gradient then pulls the two apart)."""
     _check_mask(mask, len(gaussians), "mask")
-    copies = {name: gaussians.params[name].detach()[mask] for name in PARAM_NAMES}
-    return append_rows(gaussians, optimizers, copies, extra)
+    return grow(gaussians, optimizers, _all_rows(gaussians), clones=torch.nonzero(mask).squeeze(1), extra=extra)
 
 
-@torch.no_grad()
 def split(gaussians: Gaussians, optimizers: Optimizers, mask: torch.Tensor, n: int = 2,
           extra: Extra = None, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-    """INRIA's split: replace every masked Gaussian by `n` children.
-
-    Each child's mean is a sample of the parent's own distribution N(mean, R S^2 R^T);
-    its scales are the parent's divided by 0.8 * n (so 1.6 for n = 2), which keeps the
-    children inside the parent's footprint; every other parameter is copied. Parents are
-    removed, children are appended after the unselected Gaussians.
-    """
+    """INRIA's split: replace every masked Gaussian by `n` children (see `split_children`).
+    Parents are removed, children are appended after the unselected Gaussians."""
     _check_mask(mask, len(gaussians), "mask")
     if n < 1:
         raise ValueError(f"split needs n >= 1 children, got {n}")
-    parents = {name: gaussians.params[name].detach()[mask] for name in PARAM_NAMES}
-    children = {name: value.repeat((n,) + (1,) * (value.dim() - 1)) for name, value in parents.items()}
+    return grow(gaussians, optimizers, torch.nonzero(~mask).squeeze(1), parents=torch.nonzero(mask).squeeze(1),
+                n=n, extra=extra, generator=generator)
 
+
+# --- densification in one rebuild, with no host read ----------------------------------
+
+
+@torch.no_grad()
+def grow(gaussians: Gaussians, optimizers: Optimizers, kept: torch.Tensor, clones: Optional[torch.Tensor] = None,
+         parents: Optional[torch.Tensor] = None, n: int = 2, new_kept: Optional[torch.Tensor] = None,
+         extra: Extra = None, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """Keep rows `kept`, then append a copy of each row in `clones`, then the `n` children of
+    each row in `parents` (`split_children`: n blocks, each in the parents' order), keeping
+    of those new rows only the positions `new_kept` (None: all). All are index tensors into
+    the current rows, so nothing is read from the device: a densification's clone, split and
+    prune in one rebuild, the same rows in the same order as `duplicate`, `split` and
+    `remove_rows` one after another (the new rows' prune test only needs their values,
+    which are known before they exist)."""
+    pieces = []
+    if clones is not None:
+        pieces.append({name: gaussians.params[name].detach().index_select(0, clones) for name in PARAM_NAMES})
+    if parents is not None:
+        chosen = {name: gaussians.params[name].detach().index_select(0, parents) for name in PARAM_NAMES}
+        pieces.append(split_children(chosen, n, generator))
+    new_rows = {name: torch.cat([piece[name] for piece in pieces]) for name in PARAM_NAMES} if pieces else None
+    if new_rows is not None and new_kept is not None:
+        new_rows = {name: value.index_select(0, new_kept) for name, value in new_rows.items()}
+    return rebuild_rows(gaussians, optimizers, kept, new_rows, extra)
+
+
+def split_children(parents: Mapping[str, torch.Tensor], n: int,
+                   generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """The `n` children of each parent row (n blocks, each in the parents' order).
+
+    Each child's mean is a sample of the parent's own distribution N(mean, R S^2 R^T);
+    its scales are the parent's divided by 0.8 * n (so 1.6 for n = 2), which keeps the
+    children inside the parent's footprint (`child_log_scales`); every other parameter is
+    copied."""
+    children = {name: value.repeat((n,) + (1,) * (value.dim() - 1)) for name, value in parents.items()}
     scales = torch.exp(children["scales"])
     sample_device = scales.device if generator is None else generator.device
     unit = torch.randn(scales.shape, generator=generator, device=sample_device).to(scales.device)
     rotation = quat_to_rotmat(children["quats"])
     children["means"] = children["means"] + torch.einsum("nij,nj->ni", rotation, unit * scales)
-    children["scales"] = children["scales"] - math.log(0.8 * n)
+    children["scales"] = child_log_scales(children["scales"], n)
+    return children
 
-    return rebuild_rows(gaussians, optimizers, torch.nonzero(~mask).squeeze(1), children, extra)
+
+def child_log_scales(log_scales: torch.Tensor, n: int) -> torch.Tensor:
+    """A split child's log-scales: the parent's divided by 0.8 * n."""
+    return log_scales - math.log(0.8 * n)
+
+
+def mask_index(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The positions where the [N] bool `mask` is True, ascending: `nonzero(mask)` with its
+    size `count` known to the host (read with others in one batch), so no read here. Each True
+    row scatters its position to its rank; the False rows go to one spare slot, dropped."""
+    rank = torch.cumsum(mask, 0) - 1
+    slot = torch.where(mask, rank, torch.full_like(rank, count))
+    index = torch.zeros(count + 1, dtype=torch.long, device=mask.device)
+    index.scatter_(0, slot, torch.arange(mask.numel(), device=mask.device))
+    return index[:count]
+
+
+def read_counts(**masks: torch.Tensor) -> Dict[str, int]:
+    """The number of True entries of each mask (or the value of each 0-d count), in one host
+    read: what a densification needs to know on the host, its sizes."""
+    names = list(masks)
+    counts = host_read.values(torch.stack([(value.sum() if value.dim() else value).long() for value in masks.values()]))
+    return {name: int(count) for name, count in zip(names, counts)}
 
 
 @torch.no_grad()

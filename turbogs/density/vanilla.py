@@ -19,6 +19,7 @@ pass just ran. The hooks and their order: turbogs/density/base.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Dict, Optional
 
@@ -161,47 +162,66 @@ class VanillaDensity(Strategy):
         return stats
 
     def _densify_and_prune(self, state, step, gaussians, optimizers, scene_extent) -> Dict[str, object]:
+        """Clone, split, then prune what the clone and split leave, as INRIA: every decision is
+        a mask over the current rows first (the new rows' prune tests from their parents'
+        values), then one host read of the sizes, then one rebuild by index."""
         cfg = self.config
-        n_before = len(gaussians)
+        n = len(gaussians)
+        log_scales = gaussians.params["scales"].detach()
         mean_grad = state["grad2d"] / state["count"].clamp_min(1)
-        max_scale = torch.exp(gaussians.params["scales"]).max(dim=-1).values
+        max_scale = torch.exp(log_scales).max(dim=-1).values
         high_grad = mean_grad >= cfg.grad_threshold
         small = max_scale <= cfg.percent_dense * scene_extent
-        clone, to_split = self._within_cap(high_grad & small, high_grad & ~small, mean_grad, n_before)
+        # Clones are appended with zero accumulated gradient, so they are not split.
+        clone, to_split = self._within_cap(high_grad & small, high_grad & ~small, mean_grad, n)
 
-        # Clone first; clones are appended with zero accumulated gradient, so they are not split.
-        state.update(rows.duplicate(gaussians, optimizers, clone, extra=state))
-        split_mask = torch.cat([to_split, torch.zeros(int(clone.sum()), dtype=torch.bool, device=to_split.device)])
-        state.update(rows.split(gaussians, optimizers, split_mask, n=cfg.split_into, extra=state))
-
-        prune = gaussians.opacities.detach() < cfg.prune_opacity
+        # Prune tests for the three kinds of row the clone and split leave: the old rows, the
+        # clones (their parent's values, zero radii) and the children (smaller scales, zero radii).
+        transparent = gaussians.opacities.detach() < cfg.prune_opacity
+        prune_old = prune_clone = prune_child = transparent
         if cfg.max_screen_size is not None and step > cfg.opacity_reset_every:
             # INRIA's reference code zeroes max_radii2D while densifying, before this
             # test, so its screen-size pruning never fires (its issue #123). Ours carries
             # the radii through the row operations, so it does what the paper describes;
             # set max_screen_size=None to match the reference code exactly.
-            too_big_on_screen = state["max_radii2d"] > cfg.max_screen_size
-            too_big_in_world = torch.exp(gaussians.params["scales"]).max(dim=-1).values > cfg.big_world_scale * scene_extent
-            prune |= too_big_on_screen | too_big_in_world
-        state.update(rows.remove_rows(gaussians, optimizers, ~prune, extra=state))
+            big = cfg.big_world_scale * scene_extent
+            new_radii = torch.zeros_like(state["max_radii2d"])
+            child_scale = torch.exp(rows.child_log_scales(log_scales, cfg.split_into)).max(dim=-1).values
+            prune_old = transparent | (state["max_radii2d"] > cfg.max_screen_size) | (max_scale > big)
+            prune_clone = transparent | (new_radii > cfg.max_screen_size) | (max_scale > big)
+            prune_child = transparent | (new_radii > cfg.max_screen_size) | (child_scale > big)
+        keep_old, keep_clone, keep_child = ~to_split & ~prune_old, clone & ~prune_clone, to_split & ~prune_child
+        count = rows.read_counts(clone=clone, split=to_split, old=keep_old, clones_kept=keep_clone,
+                                 children_kept=keep_child)  # the one host read
+
+        clones = rows.mask_index(clone, count["clone"])
+        parents = rows.mask_index(to_split, count["split"])
+        new_kept = torch.cat([rows.mask_index(keep_clone.index_select(0, clones), count["clones_kept"])]
+                             + [count["clone"] + block * count["split"]
+                                + rows.mask_index(keep_child.index_select(0, parents), count["children_kept"])
+                                for block in range(cfg.split_into)])
+        state.update(rows.grow(gaussians, optimizers, rows.mask_index(keep_old, count["old"]), clones=clones,
+                               parents=parents, n=cfg.split_into, new_kept=new_kept, extra=state))
 
         for value in state.values():  # statistics restart after every densification
             value.zero_()
-        return {"densified": True, "n_cloned": int(clone.sum()), "n_split": int(to_split.sum()), "n_pruned": int(prune.sum())}
+        n_pruned = ((n - count["split"] - count["old"]) + (count["clone"] - count["clones_kept"])
+                    + cfg.split_into * (count["split"] - count["children_kept"]))
+        return {"densified": True, "n_cloned": count["clone"], "n_split": count["split"], "n_pruned": n_pruned}
 
     def _within_cap(self, clone, to_split, mean_grad, n):
-        """Keep only the highest-gradient growth candidates that fit under max_gaussians."""
+        """Keep only the highest-gradient growth candidates that fit under max_gaussians (all
+        of them when they fit), with no host read: the candidates sorted by gradient (the
+        others last), and those whose running cost fits the room."""
         cap = self.config.max_gaussians
+        if cap is None:
+            return clone, to_split
         growth = self.config.split_into - 1  # net rows added per split; a clone adds 1
         cost = clone.long() + to_split.long() * growth
-        if cap is None or int(cost.sum()) <= cap - n:
-            return clone, to_split
-        budget = max(0, cap - n)
-        candidates = torch.nonzero(cost > 0).squeeze(1)
-        order = candidates[torch.argsort(mean_grad[candidates], descending=True, stable=True)]
-        chosen = order[torch.cumsum(cost[order], dim=0) <= budget]
-        picked = torch.zeros_like(clone)
-        picked[chosen] = True
+        candidate = cost > 0
+        order = torch.argsort(torch.where(candidate, mean_grad, -math.inf), descending=True, stable=True)
+        fits = torch.cumsum(cost.index_select(0, order), dim=0) <= max(0, cap - n)
+        picked = torch.zeros_like(clone).index_copy_(0, order, fits & candidate.index_select(0, order))
         return clone & picked, to_split & picked
 
 
