@@ -21,6 +21,10 @@ import torch
 
 from turbogs.errors import TurboGSError
 
+# Set in the ranks' environment by `turbogs train --nproc` (turbogs/launch.py), which reports a
+# rank that died itself.
+LAUNCHED_BY_TURBOGS = "TURBOGS_NPROC_LAUNCHER"
+
 
 class PeerStopped(TurboGSError):
     """A rank stops because every rank stops for the same reason, which rank 0 reports: the
@@ -116,10 +120,11 @@ class World:
             return function(*args, **kwargs)
         except RuntimeError as exc:  # gloo and NCCL report a lost peer as RuntimeError (DistBackendError)
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TurboGSError(
-                f"rank {self.rank}: lost contact with the other ranks ({reason[:200]}); another rank stopped "
-                "or died; the last checkpoint resumes with --resume"
-            ) from None
+            message = (f"rank {self.rank}: lost contact with the other ranks ({reason[:200]}); another rank "
+                       "stopped or died; the last checkpoint resumes with --resume")
+            # Under `--nproc` the launcher names the rank that died, in one line; under torchrun
+            # (several machines) this rank's own message is what the user sees.
+            raise (PeerStopped if os.environ.get(LAUNCHED_BY_TURBOGS) else TurboGSError)(message) from None
 
 
 LOCAL = World()

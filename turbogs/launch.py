@@ -20,6 +20,7 @@ import sys
 import uuid
 from typing import List
 
+from turbogs.distributed import LAUNCHED_BY_TURBOGS
 from turbogs.errors import TurboGSError
 
 
@@ -48,12 +49,18 @@ def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"turbogs-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1,
                           start_method="spawn")
+    os.environ[LAUNCHED_BY_TURBOGS] = "1"  # the ranks leave naming a dead rank to this process
     try:
         elastic_launch(config, sys.executable)("-m", "turbogs", *argv)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        if failure.exitcode > 0:  # the rank ended itself (one clear line printed by rank 0)
-            return failure.exitcode
+        # A rank that ended itself with exit code 2 has said why (rank 0 speaks for every rank);
+        # one that died (a signal, a crash) cannot, and the others only saw it vanish: name it.
+        # The launcher stops the other ranks with SIGTERM, so a rank that got one comes last.
+        died = sorted((failure.exitcode == -signal.SIGTERM, failure.timestamp, rank, failure)
+                      for rank, failure in exc.failures.items() if failure.exitcode != 2)
+        if not died:
+            return 2
+        *_, rank, failure = died[0]
         how = f"died (exit code {failure.exitcode})"
         if failure.exitcode < 0 and -failure.exitcode in signal.valid_signals():
             how = f"was killed by {signal.Signals(-failure.exitcode).name}"
