@@ -236,3 +236,14 @@ def test_rank_0s_viewer_stops_every_rank_at_the_same_step(tmp_path):
     mp.spawn(_stop_from_the_viewer, args=(str(tmp_path / "init"), str(tmp_path / "out"), results), nprocs=2, join=True)
     assert results[0] == results[1] == 5
     assert len(list((tmp_path / "out").glob("point_cloud/iteration_5/point_cloud.ply"))) == 1
+
+
+@pytest.mark.slow
+def test_torchrun_starts_the_same_ranks(tmp_path):
+    """What a multi-machine run does on each machine: torchrun's own command line, `-m turbogs`."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "turbogs", "train", str(DEMO), "--steps", "6", "--quiet", "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("done: 6 steps") == 1 and "x 2 ranks (gloo)" in result.stdout
+    model_values(tmp_path / "run")

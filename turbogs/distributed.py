@@ -145,6 +145,9 @@ def join(device_type: str, timeout_minutes: float = 30.0) -> World:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            raise TurboGSError(f"rank {rank}: needs GPU {local_rank} of this machine, which has "
+                               f"{torch.cuda.device_count()}: start at most one rank per GPU")
         torch.cuda.set_device(local_rank)
     try:
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
