@@ -47,6 +47,11 @@ class World:
     def __repr__(self) -> str:
         return f"World(rank={self.rank}, size={self.size}, backend={self.backend})"
 
+    def stop_all(self, message: str) -> TurboGSError:
+        """The error to raise when every rank stops for the same reason at the same step:
+        rank 0 reports it, the others stop quietly (one message, not one per rank)."""
+        return TurboGSError(message) if self.is_main else PeerStopped(message)
+
     # --- collectives (no-ops on one process) -------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place: the sum (or "max") over the ranks, the same bits on every rank."""
@@ -85,9 +90,7 @@ class World:
         if not failed:
             return
         rank, message = failed[0]
-        if self.is_main:
-            raise TurboGSError(message if rank == 0 else f"rank {rank}: {message}")
-        raise PeerStopped(message)
+        raise self.stop_all(message if rank == 0 else f"rank {rank}: {message}")
 
     def check_same(self, values: torch.Tensor, what: str) -> None:
         """Raise on every rank if the ranks hold different `values` (bit for bit): the
@@ -100,7 +103,7 @@ class World:
             message = (f"ranks disagree on {what}: rank {differs[0]} holds {gathered[differs[0]].tolist()}, "
                        f"rank 0 {gathered[0].tolist()}; a rank computed differently (mixed library versions "
                        "or devices?); the last checkpoint resumes with --resume")
-            raise TurboGSError(message) if self.is_main else PeerStopped(message)
+            raise self.stop_all(message)
 
     def barrier(self) -> None:
         if self.size > 1:

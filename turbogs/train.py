@@ -31,7 +31,7 @@ from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.dense_loss import photometric_loss
 from turbogs.density.base import DensityStep, zeros_like_state
-from turbogs.distributed import LOCAL, PeerStopped, World, parameter_checksum
+from turbogs.distributed import LOCAL, World, parameter_checksum
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
 from turbogs.gaussians import PARAM_NAMES, Gaussians
@@ -347,7 +347,7 @@ class Trainer:
             message = (f"training diverged: {MAX_BAD_STEPS} steps in a row had non-finite loss or gradients "
                        f"(step {self.step}); the last good checkpoint is kept in "
                        f"{checkpoint.checkpoint_dir(self.options.out_dir)}")
-            raise TurboGSError(message) if self.world.is_main else PeerStopped(message)
+            raise self.world.stop_all(message)
 
     # --- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict:
