@@ -22,7 +22,7 @@ from test_cli import DEMO
 from turbogs.config import get_preset
 from turbogs.distributed import LOCAL, PeerStopped, World, parameter_checksum
 from turbogs.errors import TurboGSError
-from turbogs.launch import strip_nproc
+from turbogs.launch import rank_that_died, strip_nproc
 from turbogs.multiview import ViewResult, combine
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -201,6 +201,26 @@ def test_a_run_of_several_views_per_step_is_scheduled_in_views():
 def test_the_launcher_drops_nproc_from_the_workers_command():
     assert strip_nproc(["train", "s", "--nproc", "2", "--steps", "5"]) == ["train", "s", "--steps", "5"]
     assert strip_nproc(["train", "s", "--nproc=4"]) == ["train", "s"]
+
+
+def test_the_launcher_names_a_rank_that_died_not_one_it_stopped():
+    """The ranks' exit codes as torch's launcher reports them (ProcessFailure's fields)."""
+    from types import SimpleNamespace
+
+    def failed(*exits):  # each rank's (exit code, time), in rank order
+        return {rank: SimpleNamespace(exitcode=code, timestamp=time, pid=100 + rank)
+                for rank, (code, time) in enumerate(exits)}
+
+    term, kill = -signal.SIGTERM, -signal.SIGKILL
+    # Rank 1 said why (exit code 2) and the launcher then stopped rank 0: nothing to name.
+    assert rank_that_died(failed((term, 2), (2, 1))) is None
+    # Rank 1 was killed; rank 0, stopped by the launcher after it, is not the cause.
+    rank, failure = rank_that_died(failed((term, 1), (kill, 2)))
+    assert (rank, failure.pid) == (1, 101)
+    # A crash (exit code 1) is named even when another rank said why.
+    assert rank_that_died(failed((2, 1), (1, 2)))[0] == 1
+    # Only SIGTERMs (the user stopped a rank): the earliest is named.
+    assert rank_that_died(failed((term, 3), (term, 2)))[0] == 1
 
 
 class StopButton:

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import uuid
-from typing import List
+from typing import Any, Dict, List, Optional, Tuple
 
 from turbogs.distributed import LAUNCHED_BY_TURBOGS
 from turbogs.errors import TurboGSError
@@ -53,17 +53,30 @@ def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "turbogs", *argv)
     except ChildFailedError as exc:
-        # A rank that ended itself with exit code 2 has said why (rank 0 speaks for every rank);
-        # one that died (a signal, a crash) cannot, and the others only saw it vanish: name it.
-        # The launcher stops the other ranks with SIGTERM, so a rank that got one comes last.
-        died = sorted((failure.exitcode == -signal.SIGTERM, failure.timestamp, rank, failure)
-                      for rank, failure in exc.failures.items() if failure.exitcode != 2)
-        if not died:
+        culprit = rank_that_died(exc.failures)
+        if culprit is None:
             return 2
-        *_, rank, failure = died[0]
+        rank, failure = culprit
         how = f"died (exit code {failure.exitcode})"
         if failure.exitcode < 0 and -failure.exitcode in signal.valid_signals():
             how = f"was killed by {signal.Signals(-failure.exitcode).name}"
         raise TurboGSError(f"rank {rank} (pid {failure.pid}) {how}; the other ranks were stopped. "
                            f"The last checkpoint in {checkpoints} continues with --resume") from None
     return 0
+
+
+def rank_that_died(failures: Dict[int, Any]) -> Optional[Tuple[int, Any]]:
+    """(rank, failure) of the rank to name when the launcher reports failed ranks, or None when
+    a rank has said why itself. A rank that ended with exit code 2 has printed its reason
+    (rank 0 speaks for every rank), and the launcher then stops the others with SIGTERM, so
+    those SIGTERMs are not a cause. A rank that died any other way (a signal, a crash) could
+    not say why, and the others only saw it vanish: the earliest such rank is named; a
+    SIGTERM counts only when nothing else explains the stop (the user stopped a rank)."""
+    said_why = any(failure.exitcode == 2 for failure in failures.values())
+    died = sorted((failure.exitcode == -signal.SIGTERM, failure.timestamp, rank, failure)
+                  for rank, failure in failures.items()
+                  if failure.exitcode != 2 and not (said_why and failure.exitcode == -signal.SIGTERM))
+    if not died:
+        return None
+    *_, rank, failure = died[0]
+    return rank, failure
