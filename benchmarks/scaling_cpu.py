@@ -1,13 +1,15 @@
 """Views per second and test PSNR at 1 rank against 2 ranks, side by side, at equal views.
 
     python benchmarks/scaling_cpu.py --scene scenes/demo --scene PATH/test_colmap:8 \
-        --views 800 --presets turbo,3dgs --out benchmarks/results/DATE_cpu_scaling.md
+        --views 800 --presets turbo,3dgs --repeats 3 --out benchmarks/results/DATE_cpu_scaling.md
 
 For each capture and preset it runs, back to back, `turbogs train --eval` on one process for
 V steps and with `--nproc 2` for V/2 steps (the same V views trained; each rank one thread,
-gloo), and with --lr-rules also the 2-rank run at each learning-rate rule for batches. It
-prints and writes one markdown table: views/s, its ratio to one rank, test PSNR and the
-Gaussian count. A capture is PATH or PATH:R (R = the -r downscale).
+gloo), and with --lr-rules also the 2-rank run at each learning-rate rule for batches. With
+--repeats R it runs that series R times, interleaved (1, 2, 1, 2, ...), so that a slow spell
+of a shared machine falls on both sides; the summary takes each side's median. It prints and
+writes markdown tables: every run's views/s, ratio to one rank, test PSNR and Gaussian count,
+then the medians. A capture is PATH or PATH:R (R = the -r downscale).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,25 +42,37 @@ def main() -> int:
     parser.add_argument("--views", type=int, default=800, help="views trained per run (default 800)")
     parser.add_argument("--presets", default="turbo,3dgs")
     parser.add_argument("--lr-rules", default="sqrt", help="rules for the 2-rank runs, e.g. sqrt,none")
+    parser.add_argument("--repeats", type=int, default=1, help="series per capture and preset, interleaved")
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args()
 
     rows = ["| capture | preset | ranks | lr rule | steps | views/s | x 1 rank | test PSNR (dB) | Gaussians |",
             "|---|---|---|---|---|---|---|---|---|"]
+    medians = ["| capture | preset | lr rule | views/s, 1 rank | views/s, 2 ranks | x 1 rank | runs |", "|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:
         for number, scene in enumerate(args.scene):
             for preset in args.presets.split(","):
                 runs = [(1, "sqrt")] + [(2, rule) for rule in args.lr_rules.split(",")]
-                base = None
-                for index, (nproc, rule) in enumerate(runs):
-                    result = train(scene, preset, args.views, nproc, rule, Path(scratch) / f"{number}-{preset}-{index}")
-                    base = base or result["views_per_second"]
-                    rows.append(f"| {scene} | {preset} | {nproc} | {rule if nproc > 1 else '-'} | {result['steps']} | "
-                                f"{result['views_per_second']:.2f} | {result['views_per_second'] / base:.2f} | "
-                                f"{result['psnr']:.2f} | {result['num_gaussians']} |")
-                    print(rows[-1], flush=True)
+                speeds = {run: [] for run in runs}
+                for repeat in range(args.repeats):
+                    base = None
+                    for index, (nproc, rule) in enumerate(runs):
+                        out = Path(scratch) / f"{number}-{preset}-{index}-{repeat}"
+                        result = train(scene, preset, args.views, nproc, rule, out)
+                        speeds[(nproc, rule)].append(result["views_per_second"])
+                        base = base or result["views_per_second"]
+                        rows.append(f"| {scene} | {preset} | {nproc} | {rule if nproc > 1 else '-'} | {result['steps']} | "
+                                    f"{result['views_per_second']:.2f} | {result['views_per_second'] / base:.2f} | "
+                                    f"{result['psnr']:.2f} | {result['num_gaussians']} |")
+                        print(rows[-1], flush=True)
+                one = statistics.median(speeds[runs[0]])
+                for nproc, rule in runs[1:]:
+                    two = statistics.median(speeds[(nproc, rule)])
+                    medians.append(f"| {scene} | {preset} | {rule} | {one:.2f} | {two:.2f} | {two / one:.2f} | {args.repeats} |")
     command = "python benchmarks/scaling_cpu.py " + " ".join(sys.argv[1:])
-    text = f"# 1 rank against 2 ranks at equal views (CPU, gloo, one thread per rank)\n\n`{command}`\n\n" + "\n".join(rows) + "\n"
+    text = (f"# 1 rank against 2 ranks at equal views (CPU, gloo, one thread per rank)\n\n`{command}`\n\n"
+            + "\n".join(rows) + "\n\nMedians over the repeats:\n\n" + "\n".join(medians) + "\n")
+    print("\n".join(medians))
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
     return 0

@@ -125,8 +125,13 @@ def _collectives(rank: int, init_file: str, results) -> None:
     summed = world.all_reduce(torch.tensor([1.0, rank + 1.0]))
     maxed = world.all_reduce(torch.tensor([float(rank), -float(rank)]), "max")
     gathered = world.all_gather(torch.tensor([rank * 10.0]))
+    pair = (torch.tensor([0.1, rank + 1.0, 1e8 * (rank + 1)]), torch.tensor([float(rank), -float(rank)]))
+    world.reduce_sum_and_max(*pair)
+    no_max = torch.tensor([rank + 0.5])
+    world.reduce_sum_and_max(no_max, torch.zeros(0))
     world.check_same(torch.tensor([1.0, 2.0]), "a constant")
-    outcome = {"summed": summed.tolist(), "maxed": maxed.tolist(), "gathered": [g.item() for g in gathered]}
+    outcome = {"summed": summed.tolist(), "maxed": maxed.tolist(), "gathered": [g.item() for g in gathered],
+               "pair": [pair[0].tolist(), pair[1].tolist(), no_max.tolist()]}
     try:
         world.check_same(torch.tensor([float(rank)]), "the rank number")
     except TurboGSError as exc:
@@ -146,6 +151,9 @@ def test_collectives_sum_gather_compare_and_agree(tmp_path):
         assert results[rank]["summed"] == [2.0, 3.0]
         assert results[rank]["maxed"] == [1.0, 0.0]
         assert results[rank]["gathered"] == [0.0, 10.0]
+        # rank 0's values plus rank 1's, in float32 as an all-reduce adds them; the max, and a sum with no max
+        sums = (torch.tensor([0.1, 1.0, 1e8]) + torch.tensor([0.1, 2.0, 2e8])).tolist()
+        assert results[rank]["pair"] == [sums, [1.0, 0.0], [2.0]]
         assert "ranks disagree on the rank number" in results[rank]["check"][1]
     # Rank 0 reports (a plain error, naming the rank that failed); rank 1 stops quietly.
     assert results[0]["check"][0] == "TurboGSError" and results[1]["check"][0] == "PeerStopped"

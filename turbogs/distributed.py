@@ -60,6 +60,32 @@ class World:
             self._collective(torch.distributed.all_reduce, tensor, op=reduce_op)
         return tensor
 
+    def reduce_sum_and_max(self, summed: torch.Tensor, maxed: torch.Tensor) -> None:
+        """In place: `summed` summed and `maxed` maximised over the ranks (1-D float32), the
+        same bits on every rank, in one collective where the backend makes that cheaper.
+
+        Why: on gloo (the CPU) every collective costs about a millisecond of round trips
+        however small it is, so a second, tiny MAX all-reduce after the SUM nearly doubles
+        the step's communication (benchmarks/gloo_collectives.py: 2 ranks, 90k floats,
+        SUM then MAX 1.4-2.4 ms against 0.9-1.1 for the SUM alone and 1.4 for one all-gather
+        of both). So with a MAX part the CPU gathers both buffers once and adds them up
+        itself, in rank order; without one it keeps the all-reduce, which sends less.
+        NCCL's collectives cost microseconds: GPUs keep two all-reduces."""
+        if self.size == 1:
+            return
+        if self.backend == "nccl" or not maxed.numel():
+            self.all_reduce(summed, "sum")
+            if maxed.numel():
+                self.all_reduce(maxed, "max")
+            return
+        ranks = self.all_gather(torch.cat([summed, maxed]))
+        total, peak = ranks[0][: summed.numel()].clone(), ranks[0][summed.numel():].clone()
+        for other in ranks[1:]:  # in rank order: every rank adds the same numbers the same way
+            total += other[: summed.numel()]
+            peak = torch.maximum(peak, other[summed.numel():])
+        summed.copy_(total)
+        maxed.copy_(peak)
+
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
         """Every rank's `tensor` (same shape on every rank), in rank order."""
         if self.size == 1:

@@ -10,7 +10,8 @@ views and ranks are those of the step's mean loss. Then one all-reduce of one fl
 carries everything that is summed: the gradients, density control's statistics, the loss and
 PSNR for the progress bar, the visible Gaussians, the curvature estimates and, zero-padded by
 slot, every view's tile errors (an all-gather by a sum: each rank fills its own slots). A
-statistic combined by maximum (INRIA's largest screen radius) takes a second, MAX all-reduce.
+statistic combined by maximum (INRIA's largest screen radius) travels in the same collective
+(World.reduce_sum_and_max).
 One view on one process does none of this: its results pass through untouched.
 """
 
@@ -89,9 +90,8 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
                 param.grad = torch.zeros_like(param)
         summed = [figures, visible, tiles, *(curvature or {}).values(), *[p.grad for p in params],
                   *[value for key, value in statistics.items() if reductions.get(key, "sum") == "sum"]]
-        _all_reduce_in_place(world, summed, "sum")
         maxed = [value for key, value in statistics.items() if reductions.get(key, "sum") == "max"]
-        _all_reduce_in_place(world, maxed, "max")
+        _reduce_in_place(world, summed, maxed)
 
     loss, psnr_sum, psnr_count = figures.unbind(0)
     per_slot = [tiles[slot, :count] for slot, count in enumerate(tile_counts)] or [None] * total_views
@@ -99,14 +99,21 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
                       None if curvature is None else {name: value / total_views for name, value in curvature.items()})
 
 
-def _all_reduce_in_place(world: World, tensors: List[Tensor], op: str) -> None:
-    """One all-reduce for all of `tensors` (flattened into one buffer and copied back)."""
+def _reduce_in_place(world: World, summed: List[Tensor], maxed: List[Tensor]) -> None:
+    """`summed` summed and `maxed` maximised over the ranks, in place, by one collective on
+    two flat buffers (flattened here and copied back)."""
+    device = (summed or maxed)[0].device if summed or maxed else None
+    flat_sum, flat_max = _flatten(summed, device), _flatten(maxed, device)
+    world.reduce_sum_and_max(flat_sum, flat_max)
+    for tensors, flat in ((summed, flat_sum), (maxed, flat_max)):
+        offset = 0
+        for tensor in tensors:
+            size = tensor.numel()
+            tensor.copy_(flat[offset: offset + size].view_as(tensor))
+            offset += size
+
+
+def _flatten(tensors: List[Tensor], device) -> Tensor:
     if not tensors:
-        return
-    flat = torch.cat([tensor.detach().reshape(-1).to(torch.float32) for tensor in tensors])
-    world.all_reduce(flat, op)
-    offset = 0
-    for tensor in tensors:
-        size = tensor.numel()
-        tensor.copy_(flat[offset: offset + size].view_as(tensor))
-        offset += size
+        return torch.zeros(0, device=device)
+    return torch.cat([tensor.detach().reshape(-1).to(torch.float32) for tensor in tensors])
