@@ -68,8 +68,9 @@ class TrainingViews:
         sizes = [(c.width, c.height) for c in cameras]
         on_device = all(image.device == device for image in images)
         masks_alike = all(m is None for m in masks) or all(m is not None and m.device == device for m in masks)
-        self.padded = len(set(sizes)) > 1
-        self.stacked = (not self.padded or can_pad(sizes)) and on_device and masks_alike
+        sizes_differ = len(set(sizes)) > 1
+        self.stacked = (not sizes_differ or can_pad(sizes)) and on_device and masks_alike
+        self.padded = self.stacked and sizes_differ  # stacked at a size larger than some views'
         if self.stacked:
             self.width, self.height = max(w for w, _ in sizes), max(h for _, h in sizes)
             self.Ks = torch.stack([c.K for c in self.cameras])
