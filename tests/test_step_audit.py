@@ -218,3 +218,23 @@ def test_turbo_steps_read_nothing_and_density_steps_read_at_most_twice(tmp_path)
     assert len(reads["density"]) >= 2 and len(reads["curvature"]) >= 2, reads
     assert max(reads["ordinary"] + reads["curvature"]) == 0, reads
     assert max(reads["density"]) <= 2, reads
+
+
+def test_cuda_estimate_counts_each_twin_call_as_one_op():
+    """ops_per_step_cuda_estimate: a dispatched op's torch twin counts once, the raw figure
+    keeps all of its ops; outside the audit the twins are the originals again."""
+    from turbogs import kernels
+    from turbogs.bench.audit import twins_counted_as_kernels
+    from turbogs.kernels import turbo_torch
+
+    original = turbo_torch.tile_sample_keys
+    counter = OpCounter()
+    errors_row, uniforms = torch.rand(12), torch.rand(12)
+    with counter, twins_counted_as_kernels(counter), counter.in_section("step"):
+        x = torch.ones(3) + 1  # 2 ops at most, outside any twin
+        outside = counter.ops
+        kernels.tile_sample_keys(errors_row, 2.0, 0.1, uniforms)
+        kernels.tile_sample_keys(errors_row, 2.0, 0.1, uniforms)
+    assert counter.twin_calls == 2 and counter.twin_ops == counter.ops - outside > 2
+    assert counter.cuda_estimate_ops == outside + 2 < counter.ops
+    assert turbo_torch.tile_sample_keys is original and x.sum() == 6

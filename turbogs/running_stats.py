@@ -39,19 +39,21 @@ class RunningStats:
                ok: Optional[torch.Tensor] = None) -> None:
         """Fold in a step; `ok` (a device bool) False marks it skipped: it counts, and changes no
         figure. A NaN `psnr` (no pixel both rendered and inside the mask) leaves the PSNR as it was."""
-        latest = torch.stack([loss.detach().float().reshape(()), psnr.detach().float().reshape(())])
+        latest = torch.stack([loss, psnr]).detach().float()  # both 0-d: one stack, few ops per step
         if self._smoothed is None:
             started = self.loss != 0.0  # resumed: continue from the checkpoint's figures
             self._smoothed = latest.new_tensor([self.loss, self.psnr]) if started else latest
             self._bad = latest.new_tensor([0.0, self.bad_streak, self.bad_streak])
         smoothed = torch.lerp(self._smoothed, latest, 0.1)
         smoothed = torch.where(torch.isnan(self._smoothed), latest, smoothed)  # a figure's first value
-        keep = torch.isnan(latest) if ok is None else torch.isnan(latest) | ~ok
+        not_ok = None if ok is None else ~ok
+        keep = torch.isnan(latest) if ok is None else torch.isnan(latest) | not_ok
         self._smoothed = torch.where(keep, self._smoothed, smoothed)
         if ok is not None:
-            bad = (~ok).to(latest.dtype)
-            streak = (self._bad[1] + 1) * bad
-            self._bad = torch.stack([self._bad[0] + bad, streak, torch.maximum(self._bad[2], streak)])
+            bad = not_ok.to(latest.dtype)
+            skipped, streak, longest = self._bad.unbind(0)
+            streak = (streak + 1) * bad
+            self._bad = torch.stack([skipped + bad, streak, torch.maximum(longest, streak)])
         density = density or {}
         self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
         self.pruned += int(density.get("n_pruned", 0))

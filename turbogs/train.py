@@ -262,7 +262,8 @@ class Trainer:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
-        pixels = sampled_pixel_values(out.image, pick.tile_ids)  # row-major, like a boolean gather, but no read
+        image = self.train_views.real_pixels_only(out.image, pick.view)  # padded views: not the padding
+        pixels = sampled_pixel_values(image, pick.tile_ids)  # row-major, like a boolean gather, but no read
         with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
             return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, generator)
 

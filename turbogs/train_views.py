@@ -6,8 +6,13 @@ from the start, and when all views share one size (the usual capture) they are a
 stacked, so that a view chosen on the device (a 0-d index tensor, as `TileSampler` draws
 it) picks its camera, image and mask by an index op, with no read.
 
-Views of different sizes, or images kept in CPU memory (--data-device cpu), take a
-Python int view instead, as before.
+Views whose sizes differ a little (a capture downscaled by 8 gives 125x82 and 125x83 px)
+are stacked too, padded at the bottom and right to the largest size: see `can_pad`. A view
+picked on the device then renders at the padded size with its own K (the extra rows and
+columns lie off its image's edge) and its mask is 0 there, so that the padding counts in
+no loss, tile error, PSNR or error memory. A view picked by a Python int (3dgs, the
+warm-up, evaluation) gets its true size, as before. Views that cannot be padded, or images
+kept in CPU memory (--data-device cpu), take a Python int view only.
 """
 
 from __future__ import annotations
@@ -19,8 +24,37 @@ import torch
 from torch import Tensor
 
 from turbogs.data.scene import Camera
+from turbogs.tiles import TILE_SIZE, tile_grid
 
 View = Union[int, Tensor]  # a Python index, or a 0-d int64 tensor on the device
+
+MAX_PADDING = 0.02  # the most padded pixels, as a share of the stack's pixels, for `can_pad`
+
+
+def can_pad(sizes: Sequence[Tuple[int, int]], tile_size: int = TILE_SIZE) -> bool:
+    """Whether views of these (width, height) sizes may be stacked padded to the largest.
+
+    Two conditions, and why:
+    - Every view keeps its tile grid: the padded size has the same tile rows and columns as
+      each true size. The error memory, the tile sampler and the tile masks then work on the
+      views' own grids, no tile is padding only (the sampler could never prefer one), and a
+      padded view's border tiles count the same real pixels as before.
+    - The padding is at most MAX_PADDING (2%) of the stack's pixels: memory, and work in the
+      render, spent on pixels that count for nothing. Sizes one or two pixels apart (rounding
+      after downscaling) pass; a capture of mixed cameras keeps the per-int path.
+    """
+    width, height = max(w for w, _ in sizes), max(h for _, h in sizes)
+    if any(tile_grid(h, w, tile_size) != tile_grid(height, width, tile_size) for w, h in sizes):
+        return False
+    return sum(width * height - w * h for w, h in sizes) <= MAX_PADDING * width * height * len(sizes)
+
+
+def _padded(tensors: List[Tensor], height: int, width: int, value: float = 0.0) -> Tensor:
+    """[V, height, width, ...]: each tensor at the top left, `value` elsewhere."""
+    out = tensors[0].new_full((len(tensors), height, width, *tensors[0].shape[2:]), value)
+    for i, tensor in enumerate(tensors):
+        out[i, : tensor.shape[0], : tensor.shape[1]] = tensor
+    return out
 
 
 class TrainingViews:
@@ -31,19 +65,29 @@ class TrainingViews:
         self.cameras = [dataclasses.replace(c, K=c.K.to(device), world_to_cam=c.world_to_cam.to(device),
                                             image=None, mask=None) for c in cameras]
         self.images, self.masks = images, masks
-        sizes = {(c.width, c.height) for c in cameras}
+        sizes = [(c.width, c.height) for c in cameras]
         on_device = all(image.device == device for image in images)
         masks_alike = all(m is None for m in masks) or all(m is not None and m.device == device for m in masks)
-        self.stacked = len(sizes) == 1 and on_device and masks_alike
+        sizes_differ = len(set(sizes)) > 1
+        self.stacked = (not sizes_differ or can_pad(sizes)) and on_device and masks_alike
+        self.padded = self.stacked and sizes_differ  # stacked at a size larger than some views'
         if self.stacked:
-            self.width, self.height = next(iter(sizes))
+            self.width, self.height = max(w for w, _ in sizes), max(h for _, h in sizes)
             self.Ks = torch.stack([c.K for c in self.cameras])
             self.viewmats = torch.stack([c.world_to_cam for c in self.cameras])
             # The stacks hold the images; the per-view list becomes views into them (no second copy).
-            self.image_stack = torch.stack(images)
-            self.mask_stack = None if masks[0] is None else torch.stack(masks)
-            self.images = list(self.image_stack.unbind(0))
-            self.masks = [None] * len(masks) if self.mask_stack is None else list(self.mask_stack.unbind(0))
+            self.image_stack = _padded(images, self.height, self.width)
+            if self.padded:  # 1 on each view's real pixels (times its mask), 0 on the padding
+                ones = [torch.ones(c.height, c.width, device=device) for c in cameras]
+                self.real_stack = _padded(ones, self.height, self.width)
+                real = [o if m is None else m for o, m in zip(ones, masks)]
+                self.mask_stack = _padded(real, self.height, self.width)
+            else:
+                self.mask_stack = None if masks[0] is None else torch.stack(masks)
+            self.images = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.image_stack.unbind(0))]
+            self.masks = [None if m is None else stack[: c.height, : c.width]
+                          for c, m, stack in zip(cameras, masks, [None] * len(masks) if self.mask_stack is None
+                                                 else self.mask_stack.unbind(0))]
             # Where a camera's own image was used as it is (no copy: the CPU), it now points into
             # the stack too, so that the images are not held twice.
             for camera, image, mask, stacked_image, stacked_mask in zip(cameras, images, masks, self.images, self.masks):
@@ -52,11 +96,22 @@ class TrainingViews:
                 if mask is not None and camera.mask is mask:
                     camera.mask = stacked_mask
 
+    def real_pixels_only(self, image: Tensor, view: View) -> Tensor:
+        """A rendered image with its padding (if any) zeroed, no gradient passing there: for
+        what reads pixels without a mask (the curvature estimate's sampled pixels, which then
+        match the unpadded view's, whose border tiles are padded with zeros too)."""
+        if not (self.padded and torch.is_tensor(view)):
+            return image
+        return image * self.real_stack.index_select(0, view.reshape(1))[0, ..., None]
+
     def get(self, view: View) -> Tuple[Camera, Tensor, Optional[Tensor]]:
-        """(camera, ground truth [H, W, 3], mask [H, W] or None) of a view, on the device."""
+        """(camera, ground truth [H, W, 3], mask [H, W] or None) of a view, on the device. A
+        view picked on the device of padded views comes at the padded size, its mask 0 on the
+        padding; a Python int view at its true size."""
         if torch.is_tensor(view):
             if not self.stacked:
-                raise ValueError("a device view index needs views of one size with their images on the device")
+                raise ValueError("a device view index needs views of one size (or within can_pad) with their images "
+                                 "on the device")
             index = view.reshape(1)  # index_select, not [view]: indexing by a 0-d tensor reads it back
 
             def pick(stack: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from turbogs import kernels
+from turbogs import host_read, kernels
 from turbogs.errors import TurboGSError
 from turbogs.tiles import TILE_SIZE, tile_grid
 
@@ -244,7 +244,7 @@ class TileSampler:
         view_keys = kernels.view_sample_keys(memory.errors, memory.tile_counts, config.view_floor, view_uniforms)
         best = torch.argmax(view_keys).reshape(1) if count == 1 else torch.topk(view_keys, count).indices
         on_device = view_on_device and len(set(memory.grids)) == 1
-        views = list(best.unbind(0)) if on_device else best.tolist()
+        views = list(best.unbind(0)) if on_device else host_read.values(best)  # one read, counted by the audit
         return [self._sample_tiles(view, progress, on_device) for view in views]
 
     def _sample_tiles(self, view: Union[int, Tensor], progress: float, on_device: bool) -> TileSample:
