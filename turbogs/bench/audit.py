@@ -125,7 +125,6 @@ class OpCounter(TorchDispatchMode):
         finally:
             self.section = before
 
-
     @property
     def cuda_estimate_ops(self) -> int:
         """The ops, each twin call counted as one kernel launch (see the module's docstring)."""
