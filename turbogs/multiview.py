@@ -6,7 +6,7 @@ rank*B .. rank*B+B-1 of them, so that no two ranks train the same view in a step
 of 1 view compute exactly what 1 process of `--batch-views 2` does.
 
 Each view's loss is divided by V before its backward pass, so the gradients summed over the
-views and ranks are those of the step's mean loss. Then one all-reduce of one flat buffer
+views and ranks are those of the step's mean loss. Then one collective on one flat buffer
 carries everything that is summed: the gradients, density control's statistics, the loss and
 PSNR for the progress bar, the visible Gaussians, the curvature estimates and, zero-padded by
 slot, every view's tile errors (an all-gather by a sum: each rank fills its own slots). A
@@ -102,8 +102,8 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
 def _reduce_in_place(world: World, summed: List[Tensor], maxed: List[Tensor]) -> None:
     """`summed` summed and `maxed` maximised over the ranks, in place, by one collective on
     two flat buffers (flattened here and copied back)."""
-    device = (summed or maxed)[0].device if summed or maxed else None
-    flat_sum, flat_max = _flatten(summed, device), _flatten(maxed, device)
+    flat_sum = _flatten(summed)
+    flat_max = _flatten(maxed) if maxed else flat_sum.new_zeros(0)
     world.reduce_sum_and_max(flat_sum, flat_max)
     for tensors, flat in ((summed, flat_sum), (maxed, flat_max)):
         offset = 0
@@ -113,7 +113,5 @@ def _reduce_in_place(world: World, summed: List[Tensor], maxed: List[Tensor]) ->
             offset += size
 
 
-def _flatten(tensors: List[Tensor], device) -> Tensor:
-    if not tensors:
-        return torch.zeros(0, device=device)
+def _flatten(tensors: List[Tensor]) -> Tensor:
     return torch.cat([tensor.detach().reshape(-1).to(torch.float32) for tensor in tensors])

@@ -80,14 +80,15 @@ class TrainingViews:
             if self.padded:  # 1 on each view's real pixels (times its mask), 0 on the padding
                 ones = [torch.ones(c.height, c.width, device=device) for c in cameras]
                 self.real_stack = _padded(ones, self.height, self.width)
-                real = [o if m is None else m for o, m in zip(ones, masks)]
-                self.mask_stack = _padded(real, self.height, self.width)
+                if all(m is None for m in masks):
+                    self.mask_stack = self.real_stack
+                else:
+                    self.mask_stack = _padded([o if m is None else m for o, m in zip(ones, masks)], self.height, self.width)
             else:
                 self.mask_stack = None if masks[0] is None else torch.stack(masks)
             self.images = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.image_stack.unbind(0))]
-            self.masks = [None if m is None else stack[: c.height, : c.width]
-                          for c, m, stack in zip(cameras, masks, [None] * len(masks) if self.mask_stack is None
-                                                 else self.mask_stack.unbind(0))]
+            self.masks = [None if m is None else self.mask_stack[i, : c.height, : c.width]
+                          for i, (c, m) in enumerate(zip(cameras, masks))]
             # Where a camera's own image was used as it is (no copy: the CPU), it now points into
             # the stack too, so that the images are not held twice.
             for camera, image, mask, stacked_image, stacked_mask in zip(cameras, images, masks, self.images, self.masks):

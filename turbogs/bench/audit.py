@@ -50,11 +50,10 @@ AUDIT_STEPS = 100  # steps counted by default
 SCHEDULE_STEPS = 1000  # the run's schedule (as bench --steps 1000), so density control runs
 DENSITY_STEPS_WANTED = 2  # keep counting until this many density-control steps were seen
 SCOPE = "trainer outside render and backward"
-CUDA_ESTIMATE_NOTE = ("ops_per_step_cuda_estimate: an estimate of the CUDA path, not a measurement: each call of "
-                      "TurboGS's dispatched ops (turbogs.kernels: tile_loss, memory_update, view_sample_keys, "
-                      "tile_sample_keys) counts as 1 op, as the CUDA kernel would launch it, instead of its torch "
-                      "twin's ops; ops_per_step is the raw count")
 TWIN_OPS = ("tile_loss", "memory_update", "view_sample_keys", "tile_sample_keys")  # turbo_torch's dispatched ops
+CUDA_ESTIMATE_NOTE = ("ops_per_step_cuda_estimate: an estimate of the CUDA path, not a measurement: each call of "
+                      f"TurboGS's dispatched ops (turbogs.kernels: {', '.join(TWIN_OPS)}) counts as 1 op, as the "
+                      "CUDA kernel would launch it, instead of its torch twin's ops; ops_per_step is the raw count")
 
 BATCHED_READ = "tolist (turbogs.host_read.values)"
 _UNIQUE_OPS = {"_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
