@@ -232,6 +232,29 @@ def test_exposed_gaussians_match_tile_intersection():
     assert int(everything.sum()) > int(exposed.sum())
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_exposed_gaussians_match_a_loop_over_tiles(seed):
+    """Random grids, masks and boxes (some off screen, some huge) against a loop over every
+    tile of every box."""
+    g = torch.Generator().manual_seed(seed)
+    width, height = int(torch.randint(17, 120, (), generator=g)), int(torch.randint(17, 90, (), generator=g))
+    tile_rows, tile_cols = (height + 15) // 16, (width + 15) // 16
+    tile_mask = torch.rand(tile_rows, tile_cols, generator=g) < 0.3
+    n = 80
+    means2d = torch.rand(n, 2, generator=g) * torch.tensor([width * 1.6, height * 1.6]) - torch.tensor([width * 0.3, height * 0.3])
+    radii = torch.randint(0, 40, (n,), generator=g)
+    expected = torch.zeros(n, dtype=torch.bool)
+    for i in range(n):
+        if radii[i] <= 0:
+            continue
+        x, y, r = float(means2d[i, 0]) / 16, float(means2d[i, 1]) / 16, float(radii[i]) / 16
+        x0, x1 = max(math.floor(x - r), 0), min(math.ceil(x + r), tile_cols)
+        y0, y1 = max(math.floor(y - r), 0), min(math.ceil(y + r), tile_rows)
+        expected[i] = bool(tile_mask[y0:y1, x0:x1].any()) if x0 < x1 and y0 < y1 else False
+    assert torch.equal(exposed_gaussians(means2d, radii, tile_mask, width, height), expected)
+    assert 0 < int(expected.sum()) < n
+
+
 # --- hand-made states -----------------------------------------------------------------
 
 

@@ -181,16 +181,18 @@ def test_parameter_checksum_sees_any_change():
 
 
 def test_combine_averages_the_views_of_a_step():
-    views = [ViewResult(torch.tensor(1.0), torch.tensor(20.0), torch.tensor([True, False, False]), torch.tensor([0.5])),
+    views = [ViewResult(torch.tensor(1.0), torch.tensor(20.0), torch.tensor([True, False, False]), torch.tensor([0.5]),
+                        statistics={"grad2d": torch.tensor([1.0, 1.0, 0.0]), "radii": torch.tensor([4.0, 0.0, 5.0])}),
              ViewResult(torch.tensor(3.0), torch.tensor(float("nan")), torch.tensor([False, False, True]),
-                        torch.tensor([0.1, 0.2]))]
-    statistics = {"grad2d": torch.ones(3)}
-    step = combine(views, LOCAL, [], statistics, {}, [1, 2], batch_views=2)
+                        torch.tensor([0.1, 0.2]),
+                        statistics={"grad2d": torch.tensor([0.0, 2.0, 2.0]), "radii": torch.tensor([0.0, 1.0, 3.0])})]
+    step = combine(views, LOCAL, [], {"radii": "max"}, [1, 2], batch_views=2)
     assert step.loss.item() == 2.0  # the mean loss of the views
     assert step.psnr.item() == 20.0  # the mean over the views that have a PSNR
     assert step.visible.tolist() == [True, False, True]
     assert [e.tolist() for e in step.tile_errors] == [[0.5], pytest.approx([0.1, 0.2])]
-    assert torch.equal(statistics["grad2d"], torch.ones(3))  # one process: nothing to sum over ranks
+    assert step.statistics["grad2d"].tolist() == [1.0, 3.0, 2.0]  # summed over the views
+    assert step.statistics["radii"].tolist() == [4.0, 1.0, 5.0]  # a "max" statistic: the largest
 
 
 def test_a_run_of_several_views_per_step_is_scheduled_in_views():

@@ -218,3 +218,24 @@ def test_lpips_never_downloads(fake_lpips, monkeypatch):
     with pytest.raises(TurboGSError, match="download"):
         LPIPS("cpu")
     assert torch.hub.download_url_to_file is download  # the guard is undone afterwards
+
+
+def test_sampled_psnr_matches_a_boolean_gather():
+    """The bar's PSNR over the sampled tiles (and the mask) equals the PSNR of the pixels a
+    boolean index picks; whatever the renderer left outside them (NaN here) is never read; the
+    whole image's equals metrics.psnr; nothing valid gives NaN."""
+    from turbogs.metrics import sampled_psnr_tensor
+    from turbogs.tiles import sampled_pixels
+
+    g = torch.Generator().manual_seed(7)
+    image, gt = torch.rand(40, 50, 3, generator=g), torch.rand(40, 50, 3, generator=g)
+    assert float(sampled_psnr_tensor(image, gt, None)) == pytest.approx(psnr(image, gt), abs=1e-4)
+    tile_mask = torch.tensor([[True, False, False, True], [False, True, False, False], [False, False, False, True]])
+    mask = (torch.rand(40, 50, generator=g) > 0.3).float()
+    inside = sampled_pixels(tile_mask, 50, 40)
+    garbage = torch.where(inside[..., None], image, float("nan"))
+    for m in (None, mask):
+        keep = inside if m is None else inside & (m > 0.5)
+        expected = -10 * math.log10(float(((image[keep] - gt[keep]) ** 2).mean()))
+        assert float(sampled_psnr_tensor(garbage, gt, tile_mask, m)) == pytest.approx(expected, abs=1e-4)
+    assert math.isnan(float(sampled_psnr_tensor(image, gt, tile_mask, torch.zeros(40, 50))))

@@ -182,8 +182,9 @@ def test_sampled_pixels_kept_for_the_same_mask_and_recomputed_for_another():
 
 
 def test_ssim_with_cached_blur_weights_is_bit_identical():
-    """metrics.ssim_map with its blur weights made once gives the same bits as building them
-    in every blur (the code before), so the evaluation and the 3dgs loss are unchanged."""
+    """metrics.ssim_map, with its blur weights made once and the five moments blurred as one
+    stack, gives the same bits as five blurs building their weights each time (the code
+    before), so the evaluation and the 3dgs loss are unchanged."""
     import torch.nn.functional as F
 
     from turbogs import metrics

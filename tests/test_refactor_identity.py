@@ -30,6 +30,11 @@ BEFORE = {
 # a toy problem), so for 3dgs the figures must agree within float tolerance, not bit for bit:
 # the same Gaussian count (every density decision unchanged), checksums within 1e-5 relative,
 # PSNR within 0.01 dB and SSIM within 1e-3. Turbo's hybrid optimizer still matches exactly.
+# Later in issue 15 the 3dgs loss's SSIM blurred its five moments in one convolution: the same
+# forward bits (tests/test_read_free_steps.py), but autograd adds the gradient paths into the
+# image in another order, and after 500 steps the signed sum moved from 2.1e-6 to 1.9e-5
+# relative (the sum of magnitudes 3e-6, PSNR 6e-4 dB, SSIM 3e-5; measured): the signed sum,
+# where the values cancel, is allowed 5e-5.
 ROUNDED_BY_FUSED_ADAM = {"3dgs"}
 
 
@@ -55,5 +60,5 @@ def test_fixed_seed_run_matches_the_pre_refactor_figures(preset, tmp_path):
         return
     count, total, magnitude, psnr, ssim = got
     assert count == expected[0]  # every density decision the same
-    assert total == pytest.approx(expected[1], rel=1e-5) and magnitude == pytest.approx(expected[2], rel=1e-5)
+    assert total == pytest.approx(expected[1], rel=5e-5) and magnitude == pytest.approx(expected[2], rel=1e-5)
     assert psnr == pytest.approx(expected[3], abs=0.01) and ssim == pytest.approx(expected[4], abs=1e-3)

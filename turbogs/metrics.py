@@ -90,15 +90,18 @@ def sampled_psnr_tensor(image: torch.Tensor, gt: torch.Tensor, tile_mask: Option
     """sampled_psnr as a 0-d tensor on the image's device, with no host read (the progress
     bar's figure, read only when the bar refreshes): a masked sum, not a boolean index,
     and torch.where keeps the undefined pixels' possible NaNs out. NaN when no pixel is
-    both rendered and kept by the mask: the bar then keeps its last figure."""
+    both rendered and kept by the mask (0 / 0; clamp and log keep it NaN): the bar then
+    keeps its last figure. Every step runs it, so it is written in few ops."""
+    image = image.detach().clamp(0, 1)
+    if tile_mask is None and mask is None:  # every pixel (the 3dgs step)
+        return -10 * torch.log10(F.mse_loss(image, gt).clamp_min(1e-10))
     height, width = image.shape[:2]
     inside = sampled_pixels(tile_mask, width, height, image.device)
     if mask is not None:
         inside = inside & (mask > 0.5)
-    error = ((image.detach().clamp(0, 1) - gt) ** 2).mean(dim=-1)
-    count = inside.sum()
-    mse = torch.where(inside, error, 0.0).sum() / count.clamp_min(1)
-    return torch.where(count > 0, -10 * torch.log10(mse.clamp_min(1e-10)), float("nan"))
+    error = F.mse_loss(image, gt, reduction="none").mean(dim=-1)
+    mse = torch.where(inside, error, 0.0).sum() / inside.sum()
+    return -10 * torch.log10(mse.clamp_min(1e-10))
 
 
 def gaussian_kernel_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> torch.Tensor:
@@ -117,7 +120,7 @@ def _cached_kernel(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 @functools.lru_cache(maxsize=16)
 def _blur_weights(device: torch.device, dtype: torch.dtype, channels: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The vertical and horizontal conv2d weights of the blur, made once per channel count
-    (four view ops per blur otherwise, ten blurs a training step)."""
+    (four view ops per blur otherwise)."""
     kernel = _cached_kernel(device, dtype)
     size = kernel.numel()
     return kernel.view(1, 1, size, 1).expand(channels, 1, size, 1), kernel.view(1, 1, 1, size).expand(channels, 1, 1, size)
@@ -132,7 +135,11 @@ def _blur(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
 
 
 def ssim_map(img: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    """Per-pixel SSIM, same shape as the inputs ([H, W, C] or [B, H, W, C])."""
+    """Per-pixel SSIM, same shape as the inputs ([H, W, C] or [B, H, W, C]).
+
+    The five moments (x, y, x^2, y^2, xy) are blurred together, as one stack of
+    5C channels: the blur is per channel, so this is the same arithmetic (bit for bit) in two
+    convolutions instead of ten (the 3dgs loss runs it every step)."""
     img, gt = _as_tensor(img), _as_tensor(gt)
     if img.shape != gt.shape or img.dim() not in (3, 4):
         raise ValueError(
@@ -140,16 +147,15 @@ def ssim_map(img: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
         )
     gt = gt.to(img)
     single = img.dim() == 3
-    x = (img[None] if single else img).permute(0, 3, 1, 2)
-    y = (gt[None] if single else gt).permute(0, 3, 1, 2)
-    kernel = _cached_kernel(x.device, x.dtype)
+    channels = img.shape[-1]
+    moments = torch.cat([img, gt, img * img, gt * gt, img * gt], dim=-1)  # [(B,) H, W, 5C]
+    moments = (moments[None] if single else moments).permute(0, 3, 1, 2)
+    kernel = _cached_kernel(moments.device, moments.dtype)
+    mu_x, mu_y, mean_xx, mean_yy, mean_xy = _blur(moments, kernel).split(channels, dim=1)
 
-    mu_x, mu_y = _blur(x, kernel), _blur(y, kernel)
-    mu_x2, mu_y2 = mu_x**2, mu_y**2
-    var_x = _blur(x * x, kernel) - mu_x2
-    var_y = _blur(y * y, kernel) - mu_y2
-    cov_xy = _blur(x * y, kernel) - mu_x * mu_y
-    numerator = (2 * mu_x * mu_y + SSIM_C1) * (2 * cov_xy + SSIM_C2)
+    mu_x2, mu_y2, mu_xy = mu_x**2, mu_y**2, mu_x * mu_y
+    var_x, var_y, cov_xy = mean_xx - mu_x2, mean_yy - mu_y2, mean_xy - mu_xy
+    numerator = (2 * mu_xy + SSIM_C1) * (2 * cov_xy + SSIM_C2)
     denominator = (mu_x2 + mu_y2 + SSIM_C1) * (var_x + var_y + SSIM_C2)
     out = (numerator / denominator).permute(0, 2, 3, 1)
     return out[0] if single else out

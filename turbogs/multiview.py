@@ -17,7 +17,7 @@ One view on one process does none of this: its results pass through untouched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -36,6 +36,7 @@ class ViewResult:
     visible: Tensor  # [N] bool
     tile_errors: Optional[Tensor] = None  # [K] for the error memory
     curvature: Optional[Dict[str, Tensor]] = None
+    statistics: Dict[str, Tensor] = field(default_factory=dict)  # density control's, of this view
 
 
 @dataclass
@@ -47,6 +48,7 @@ class StepTotals:
     visible: Tensor  # [N] bool: seen by any view of the step
     tile_errors: List[Optional[Tensor]]  # per slot of the step (every rank's views)
     curvature: Optional[Dict[str, Tensor]] = None  # the mean over the views
+    statistics: Dict[str, Tensor] = field(default_factory=dict)  # density control's, combined by its reductions
 
 
 def rank_slots(world: World, batch_views: int) -> range:
@@ -61,14 +63,15 @@ def slot_generator(seed: int, step: int, slot: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor], statistics: Dict[str, Tensor],
-            reductions: Dict[str, str], tile_counts: Sequence[int], batch_views: int) -> StepTotals:
-    """Sum the views of this rank and of every rank: gradients (in place, in `.grad`),
-    `statistics` (in place), and the figures returned. `tile_counts`: each slot's number of
-    sampled tiles (known to every rank from the shared draw; empty without tile sampling)."""
+def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor], reductions: Dict[str, str],
+            tile_counts: Sequence[int], batch_views: int) -> StepTotals:
+    """Sum the views of this rank and of every rank: gradients (in place, in `.grad`), and the
+    figures and density statistics (each by its `reductions` entry, "sum" or "max") returned.
+    `tile_counts`: each slot's number of sampled tiles (known to every rank from the shared
+    draw; empty without tile sampling)."""
     if len(views) == 1 and world.size == 1:
         only = views[0]
-        return StepTotals(only.loss, only.psnr, only.visible, [only.tile_errors], only.curvature)
+        return StepTotals(only.loss, only.psnr, only.visible, [only.tile_errors], only.curvature, only.statistics)
 
     total_views = batch_views * world.size
     first = views[0]
@@ -79,6 +82,8 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
     visible = torch.stack([view.visible for view in views]).sum(0, dtype=torch.float32)
     curvature = None if first.curvature is None else {
         name: torch.stack([view.curvature[name] for view in views]).sum(0) for name in first.curvature}
+    statistics = {key: _combine_views([view.statistics[key] for view in views], reductions.get(key, "sum"))
+                  for key in first.statistics}
     tiles = torch.zeros(total_views, max(tile_counts, default=0), device=visible.device)
     for slot, view in zip(rank_slots(world, batch_views), views):
         if view.tile_errors is not None:
@@ -96,7 +101,17 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
     loss, psnr_sum, psnr_count = figures.unbind(0)
     per_slot = [tiles[slot, :count] for slot, count in enumerate(tile_counts)] or [None] * total_views
     return StepTotals(loss / total_views, psnr_sum / psnr_count, visible > 0, per_slot,
-                      None if curvature is None else {name: value / total_views for name, value in curvature.items()})
+                      None if curvature is None else {name: value / total_views for name, value in curvature.items()},
+                      statistics)
+
+
+def _combine_views(values: List[Tensor], reduction: str) -> Tensor:
+    """One statistic of this rank's views, combined (one view's as it is: nothing reads a
+    view's statistics after the step combined them, so the collective may write into it)."""
+    if len(values) == 1:
+        return values[0]
+    stacked = torch.stack(values)
+    return stacked.amax(0) if reduction == "max" else stacked.sum(0)
 
 
 def _reduce_in_place(world: World, summed: List[Tensor], maxed: List[Tensor]) -> None:

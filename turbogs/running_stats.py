@@ -32,28 +32,33 @@ class RunningStats:
 
     def __post_init__(self):
         self._smoothed: Optional[torch.Tensor] = None  # [2] on the device: loss, PSNR
-        # [3] on the device: steps skipped since the last read, the current streak, the longest since the last read
-        self._bad: Optional[torch.Tensor] = None
+        # 0-d on the device: steps skipped since the last read, the current streak of them, the
+        # longest streak since the last read (three 0-d tensors: no stack and unbind per step)
+        self._skipped = self._streak = self._longest = None
 
     def update(self, loss: torch.Tensor, psnr: torch.Tensor, density: Optional[dict] = None,
                ok: Optional[torch.Tensor] = None) -> None:
         """Fold in a step; `ok` (a device bool) False marks it skipped: it counts, and changes no
-        figure. A NaN `psnr` (no pixel both rendered and inside the mask) leaves the PSNR as it was."""
-        latest = torch.stack([loss, psnr]).detach().float()  # both 0-d: one stack, few ops per step
+        figure. A NaN `psnr` (no pixel both rendered and inside the mask) leaves the PSNR as it was.
+        Every step runs this, so it is written in few ops (12)."""
+        latest = torch.stack([loss, psnr]).float()  # both 0-d: one stack
+        if latest.requires_grad:
+            latest = latest.detach()
         if self._smoothed is None:
             started = self.loss != 0.0  # resumed: continue from the checkpoint's figures
             self._smoothed = latest.new_tensor([self.loss, self.psnr]) if started else latest
-            self._bad = latest.new_tensor([0.0, self.bad_streak, self.bad_streak])
-        smoothed = torch.lerp(self._smoothed, latest, 0.1)
-        smoothed = torch.where(torch.isnan(self._smoothed), latest, smoothed)  # a figure's first value
-        not_ok = None if ok is None else ~ok
-        keep = torch.isnan(latest) if ok is None else torch.isnan(latest) | not_ok
-        self._smoothed = torch.where(keep, self._smoothed, smoothed)
+            self._skipped = latest.new_zeros(())
+            self._streak, self._longest = latest.new_tensor(self.bad_streak), latest.new_tensor(self.bad_streak)
+        ignore = torch.isnan(latest)  # a figure with no value this step
         if ok is not None:
+            not_ok = ~ok
+            ignore.logical_or_(not_ok)
             bad = not_ok.to(latest.dtype)
-            skipped, streak, longest = self._bad.unbind(0)
-            streak = (streak + 1) * bad
-            self._bad = torch.stack([skipped + bad, streak, torch.maximum(longest, streak)])
+            self._skipped = self._skipped + bad
+            self._streak = torch.addcmul(bad, self._streak, bad)  # (streak + 1) * bad
+            self._longest = torch.maximum(self._longest, self._streak)
+        start = torch.where(torch.isnan(self._smoothed), latest, self._smoothed)  # a figure's first value
+        self._smoothed = torch.where(ignore, self._smoothed, torch.lerp(start, latest, 0.1))
         density = density or {}
         self.grown += int(density.get("n_cloned", 0)) + int(density.get("n_split", 0))
         self.pruned += int(density.get("n_pruned", 0))
@@ -65,11 +70,13 @@ class RunningStats:
         since the last refresh, so that the trainer can stop a diverged run."""
         if self._smoothed is None:
             return self.bad_streak
-        loss, psnr, skipped, streak, longest = host_read.values(torch.cat([self._smoothed, self._bad]))
+        counts = torch.stack([self._skipped, self._streak, self._longest])
+        loss, psnr, skipped, streak, longest = host_read.values(torch.cat([self._smoothed, counts]))
         self.loss, self.psnr = loss, psnr
         self.skipped_steps += int(skipped)
         self.bad_streak = int(streak)
-        self._bad = self._bad.new_tensor([0.0, streak, streak])
+        self._skipped = self._skipped.new_zeros(())
+        self._longest = self._longest.new_tensor(streak)
         return int(longest)
 
     def state_dict(self) -> dict:

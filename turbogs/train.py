@@ -30,7 +30,7 @@ from turbogs.atomic import atomic_write_json
 from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.dense_loss import photometric_loss
-from turbogs.density.base import DensityStep, zeros_like_state
+from turbogs.density.base import DensityStep
 from turbogs.distributed import LOCAL, World, parameter_checksum
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
@@ -197,10 +197,9 @@ class Trainer:
 
         picks = self.pick(progress)  # the step's views, one shared draw; this rank trains its slots of it
         backgrounds = self.backgrounds(len(picks))
-        statistics = zeros_like_state(self.density_state)  # this step's density statistics, summed over views
         slots = rank_slots(self.world, cfg.batch_views)
-        views = [self.train_view(picks[slot], backgrounds[slot], progress, statistics, slot) for slot in slots]
-        step = combine(views, self.world, self.trainable_parameters(), statistics, self.density.reductions,
+        views = [self.train_view(picks[slot], backgrounds[slot], progress, slot) for slot in slots]
+        step = combine(views, self.world, self.trainable_parameters(), self.density.reductions,
                        [] if self.memory is None else [pick.tile_ids.numel() for pick in picks], cfg.batch_views)
 
         # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
@@ -214,16 +213,15 @@ class Trainer:
             cfg.optimizer.step(self.optimizers, step.visible, step.curvature, ok)
             if self.appearance is not None:
                 self.appearance.step(ok)
-            self.density.accumulate(self.density_state, statistics, ok)
+            self.density.accumulate(self.density_state, step.statistics, ok)
             density_stats = self.density.control(self.density_state, DensityStep(
                 self.step + 1, progress, self.gaussians, self.optimizers, scene_extent=self.extent, ok=ok))
             self.observer.density(density_stats)
             self.stats.update(step.loss, step.psnr, density_stats, ok)
 
-    def train_view(self, pick: TileSample, background: torch.Tensor, progress: float,
-                   statistics: Dict[str, torch.Tensor], slot: int) -> ViewResult:
-        """Render one view, its loss and backward pass (gradients add up in .grad), and add its
-        density statistics to this step's."""
+    def train_view(self, pick: TileSample, background: torch.Tensor, progress: float, slot: int) -> ViewResult:
+        """Render one view, its loss and backward pass (gradients add up in .grad), and its
+        density statistics."""
         cfg = self.cfg
         camera, gt, mask = self.train_views.get(pick.view)  # pick.view: an int, or an index on the device
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
@@ -247,11 +245,11 @@ class Trainer:
         self.density.before_backward(self.density_state, out)
         with self.observer.backward():
             (loss if self.views_per_step == 1 else loss / self.views_per_step).backward()  # the step's mean loss
-        self.density.observe(statistics, DensityStep(
+        statistics = self.density.observe(self.density_state, DensityStep(
             self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height, self.extent,
             features, grad_scale=self.views_per_step))
         return ViewResult(loss.detach(), sampled_psnr_tensor(image, gt, pick.tile_mask, mask), out.visible,
-                          tile_errors, curvature)
+                          tile_errors, curvature, statistics)
 
     def trainable_parameters(self) -> list:
         """Every tensor the optimizers step, in one order on every rank (for the all-reduce)."""

@@ -4,14 +4,13 @@ A strategy decides which Gaussians exist. The trainer knows no strategy by name:
 these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboGS needs):
 
     state = strategy.initial_state(len(gaussians), device)          # once
-    statistics = zeros_like_state(state)                            # this step's contribution
     for each view this rank trains this step:
         features = strategy.render_features(len(gaussians), progress, device)
         out = render(..., extra_features=features)                  # extra channels, or None
         loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
         strategy.before_backward(state, out); loss.backward()
-        strategy.observe(statistics, DensityStep(...))              # add this view's statistics
-    statistics summed over the ranks (`reductions`: "sum", or "max")
+        view_statistics = strategy.observe(state, DensityStep(...))  # this view's statistics
+    statistics = the views' statistics combined, over the ranks too (`reductions`: "sum", or "max")
     optimizers step
     strategy.accumulate(state, statistics, ok)                      # nothing on a non-finite step
     stats = strategy.control(state, DensityStep(...))               # grow / prune on schedule
@@ -19,7 +18,8 @@ these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboG
 Why the statistics go through a per-step contribution: with several views per step, on one
 process (--batch-views) or over ranks (--nproc), each rank adds its views' statistics and
 one all-reduce makes them the same everywhere, so every rank grows and prunes the same
-Gaussians in the same order. `after_backward` is the single-view form of the last three
+Gaussians in the same order. One view on one process adds its statistics to the state as
+they are (`multiview.combine`). `after_backward` is the single-view form of the last three
 hooks, in one call.
 
 `state` is a dict of per-Gaussian tensors that the strategy keeps in step with the rows by
@@ -80,6 +80,15 @@ class DensityStep:
         return mask if self.ok is None else mask & self.ok
 
 
+def check_rows(state: Dict[str, Tensor], n: int) -> None:
+    """The state has a row per Gaussian: a strategy that grows or prunes passes it through
+    `turbogs.density.rows`, which keeps them in step."""
+    for key, value in state.items():
+        if value.shape[0] != n:
+            raise RuntimeError(f"density state {key!r} has {value.shape[0]} rows but there are {n} Gaussians: "
+                               "rows changed without passing the state through turbogs.density.rows")
+
+
 class Strategy:
     """Base of the density strategies: every hook but after_backward does nothing."""
 
@@ -105,16 +114,19 @@ class Strategy:
     # How each statistic combines over the views of a step and over the ranks; "sum" unless named.
     reductions: ClassVar[Dict[str, str]] = {}
 
-    def observe(self, statistics: Dict[str, Tensor], step: "DensityStep") -> None:
-        """Add one rendered view's statistics (after its backward pass) to this step's
-        `statistics` (zeros shaped like the state at the step's start). Reads nothing."""
+    def observe(self, state: Dict[str, Tensor], step: "DensityStep") -> Dict[str, Tensor]:
+        """One rendered view's statistics (after its backward pass), keyed like `state` (read
+        for its rows only): what this view adds to the step's, or {} when the step records
+        none. Counts are float tensors, so that views add up. Reads nothing."""
+        return {}
 
     def accumulate(self, state: Dict[str, Tensor], statistics: Dict[str, Tensor], ok: Optional[Tensor]) -> None:
-        """Fold a step's statistics (summed over the views and ranks) into the state; nothing
+        """Fold a step's statistics (combined over the views and ranks) into the state; nothing
         when `ok` (a device bool) is False. Masked arithmetic, no read."""
+        not_ok = None if ok is None or not statistics else ~ok
         for key, value in statistics.items():
-            if ok is not None:
-                value = torch.where(ok, value, 0.0)
+            if not_ok is not None:
+                value = value.masked_fill(not_ok, 0.0)  # not value * ok: a NaN must not get through
             if self.reductions.get(key, "sum") == "max":
                 torch.maximum(state[key], value, out=state[key])
             else:
@@ -126,15 +138,8 @@ class Strategy:
 
     def after_backward(self, state: Dict[str, Tensor], step: "DensityStep") -> Dict[str, object]:
         """A step of one view, in one call: observe it, accumulate, control."""
-        statistics = zeros_like_state(state)
-        self.observe(statistics, step)
-        self.accumulate(state, statistics, step.ok)
+        self.accumulate(state, self.observe(state, step), step.ok)
         return self.control(state, step)
-
-
-def zeros_like_state(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """A step's statistics before any view is observed."""
-    return {key: torch.zeros_like(value) for key, value in state.items()}
 
 
 class DensityConfig:

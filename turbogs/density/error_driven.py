@@ -49,13 +49,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from turbogs.density import rows
-from turbogs.density.base import DensityConfig, DensityStep, Strategy
+from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
 from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
@@ -114,30 +115,38 @@ def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor
                       tile_size: int = TILE_SIZE) -> Tensor:
     """[N] bool: visible Gaussians whose screen box (center +- radius, the renderer's tile
     rule) overlaps at least one sampled tile, i.e. that were given a chance to contribute.
-    One summed-area table of the tile mask answers every box in O(1)."""
+    One summed-area table of the tile mask answers every box in O(1): the four corners'
+    entries, read in one gather (every training step runs this, so it is written in few ops)."""
     tile_height, tile_width = tile_grid(height, width, tile_size)
     device = means2d.device
     if tile_mask is None:
         tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
-    table = torch.zeros(tile_height + 1, tile_width + 1, dtype=torch.int64, device=device)
-    table[1:, 1:] = tile_mask.to(device=device, dtype=torch.int64).cumsum(0).cumsum(1)
+    # table[y, x] = the sampled tiles above and left of tile corner (x, y); flat, row-major
+    table = F.pad(tile_mask.to(device).cumsum(0).cumsum(1), (1, 0, 1, 0)).reshape(-1)
 
     center = means2d.detach().float() / tile_size
     reach = radii.float()[:, None] / tile_size
-    limit = _grid_limit(tile_width, tile_height, device)
-    lo = torch.minimum(torch.floor(center - reach).clamp_min(0), limit).long()  # [N, 2] as (x, y)
-    hi = torch.minimum(torch.ceil(center + reach).clamp_min(0), limit).long()
-    count = (table[hi[:, 1], hi[:, 0]] - table[lo[:, 1], hi[:, 0]]
-             - table[hi[:, 1], lo[:, 0]] + table[lo[:, 1], lo[:, 0]])
+    low, high, corners, signs = _box_constants(tile_width, tile_height, device)
+    box = torch.cat([torch.floor(center - reach), torch.ceil(center + reach)], dim=-1)  # [N, 4]: x0, y0, x1, y1
+    box = torch.clamp(box, low, high).long()  # tile corners, inside the table
+    count = (table[(box[:, None, :] * corners).sum(-1)] * signs).sum(-1)  # sampled tiles in the box
     return (radii > 0) & (count > 0)
 
 
-
 @functools.lru_cache(maxsize=16)
-def _grid_limit(tile_width: int, tile_height: int, device: torch.device) -> Tensor:
-    """[TW, TH] on the device, made once per grid: a tensor built from host numbers every step
-    is a host-to-device copy every step, which on CUDA waits for the queue."""
-    return torch.tensor([tile_width, tile_height], device=device)
+def _box_constants(tile_width: int, tile_height: int, device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What exposed_gaussians needs of a tile grid, made once per grid (a tensor built from host
+    numbers every step is a host-to-device copy every step, which on CUDA waits for the queue):
+    the box's limits [4], the rows [4, 4] that turn a box (x0, y0, x1, y1) into the flat
+    table indices of its corners (x1, y1), (x1, y0), (x0, y1), (x0, y0), and their signs in
+    the box's sum, + - - +."""
+    row = tile_width + 1  # the table's row length
+    low = torch.zeros(4, device=device)
+    high = torch.tensor([tile_width, tile_height] * 2, dtype=torch.float32, device=device)
+    corners = torch.tensor([[0, 0, 1, row], [0, row, 1, 0], [1, 0, 0, row], [1, row, 0, 0]], device=device)
+    signs = torch.tensor([1, -1, -1, 1], device=device)
+    return low, high, corners, signs
+
 
 # --- the strategy -----------------------------------------------------------------
 
@@ -242,17 +251,13 @@ class ErrorDrivenDensity(Strategy):
         return blame_term(render_out, pixel_error(image, gt, tile_mask, mask), tile_mask)
 
     @torch.no_grad()
-    def observe(self, statistics: Dict[str, Tensor], step_info: DensityStep) -> None:
-        """Add one view's blame, weight and exposures (the probe's gradient [N, 2] in
+    def observe(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, Tensor]:
+        """One view's blame, weight and exposures (the probe's gradient [N, 2] in
         step_info.features, required while needs_blame(progress))."""
         if not self.needs_blame(step_info.progress):
-            return
+            return {}
         n = len(step_info.gaussians)
-        if statistics["blame"].shape[0] != n:
-            raise RuntimeError(
-                f"density state has {statistics['blame'].shape[0]} rows but there are {n} Gaussians: "
-                "rows changed without passing the state through turbogs.density.rows"
-            )
+        check_rows(state, n)
         probe = step_info.features
         blame = None if probe is None else probe.grad
         if blame is None:
@@ -260,14 +265,13 @@ class ErrorDrivenDensity(Strategy):
                                "loss, and pass probe.grad as blame")
         if tuple(blame.shape) != (n, PROBE_CHANNELS):
             raise ValueError(f"blame has shape {tuple(blame.shape)}, expected [{n}, {PROBE_CHANNELS}]")
-        blame = blame.to(statistics["blame"])
+        blame = blame.to(state["blame"])
         if step_info.grad_scale != 1.0:  # the view's share of the step's mean loss, undone
             blame = blame * step_info.grad_scale
         render_out = step_info.render
-        statistics["blame"] += blame[:, 0]
-        statistics["weight"] += blame[:, 1]
-        statistics["exposed"] += exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
-                                                   step_info.width, step_info.height)
+        exposed = exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
+                                    step_info.width, step_info.height)
+        return {"blame": blame[:, 0], "weight": blame[:, 1], "exposed": exposed.to(blame.dtype)}
 
     @torch.no_grad()
     def control(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:

@@ -19,6 +19,7 @@ pass just ran. The hooks and their order: turbogs/density/base.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Dict, Optional
@@ -26,7 +27,7 @@ from typing import Dict, Optional
 import torch
 
 from turbogs.density import rows
-from turbogs.density.base import DensityConfig, DensityStep, Strategy
+from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
 
@@ -113,16 +114,12 @@ class VanillaDensity(Strategy):
     reductions = {"max_radii2d": "max"}  # grad2d and count are sums
 
     @torch.no_grad()
-    def observe(self, statistics: Dict[str, torch.Tensor], step_info: DensityStep) -> None:
-        """Add one view's NDC gradient norms, visibility and 2D radii (while densifying)."""
+    def observe(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, torch.Tensor]:
+        """One view's NDC gradient norms, visibility and 2D radii (while densifying)."""
         if step_info.step >= self.config.densify_until:
-            return
+            return {}
         n = len(step_info.gaussians)
-        if statistics["grad2d"].shape[0] != n:
-            raise RuntimeError(
-                f"density state has {statistics['grad2d'].shape[0]} rows but there are {n} Gaussians: "
-                "rows changed without passing the state through turbogs.density.rows"
-            )
+        check_rows(state, n)
         render_out, width, height = step_info.render, step_info.width, step_info.height
         grad = render_out.means2d.grad
         if grad is None:
@@ -136,13 +133,12 @@ class VanillaDensity(Strategy):
         # INRIA differentiates w.r.t. NDC coordinates, which span 2 over the image:
         # d/d(ndc_x) = d/d(pixel_x) * width / 2, and likewise for y; times grad_scale, this
         # view's gradient as if it had been the step's only view.
-        scale = step_info.grad_scale
-        grad_ndc = torch.stack([grad[:, 0] * (width / 2.0 * scale), grad[:, 1] * (height / 2.0 * scale)], dim=-1)
+        grad_ndc = grad * _ndc_scale(width, height, step_info.grad_scale, grad.device, grad.dtype)
         # Masked arithmetic rather than boolean indexing: no host sync on the GPU.
-        statistics["grad2d"] += torch.where(visible, grad_ndc.norm(dim=-1), 0.0)
-        statistics["count"] += visible
-        seen_radii = torch.where(visible, radii.to(statistics["max_radii2d"]), 0.0)
-        torch.maximum(statistics["max_radii2d"], seen_radii, out=statistics["max_radii2d"])
+        dtype = state["grad2d"].dtype
+        return {"grad2d": torch.where(visible, grad_ndc.norm(dim=-1), 0.0),
+                "count": visible.to(dtype),
+                "max_radii2d": torch.where(visible, radii.to(dtype), 0.0)}
 
     @torch.no_grad()
     def control(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, object]:
@@ -232,3 +228,10 @@ def reset_opacity(gaussians: Gaussians, optimizers: rows.Optimizers, ceiling: fl
     logits = gaussians.params["opacities"].detach()
     capped = torch.minimum(logits, torch.logit(torch.tensor(ceiling, dtype=logits.dtype, device=logits.device)))
     rows.set_values(gaussians, optimizers, "opacities", capped)
+
+
+@functools.lru_cache(maxsize=16)
+def _ndc_scale(width: int, height: int, grad_scale: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[2]: pixel-to-NDC gradient factors (width / 2, height / 2) times grad_scale, made once
+    per view size: one multiply per view instead of a split, two and a stack."""
+    return torch.tensor([width / 2.0 * grad_scale, height / 2.0 * grad_scale], device=device, dtype=dtype)
