@@ -418,6 +418,27 @@ def test_render_sh_degree_and_background():
         render(gaussians, camera, sh_degree=2)
 
 
+def unused_sh_gradients_are_zero(device: str) -> None:
+    """Below the stored degree, the higher bands' coefficients past the active degree get a
+    gradient of exactly 0 (and the used ones do not): the data-parallel step sends only the
+    used ones (Gaussians.gradient_columns), since zeros summed over the ranks are zeros."""
+    camera = make_camera()
+    for active in (0, 1, 2):
+        gaussians = make_gaussians(60, seed=3 + active, sh_degree=3).to(device)
+        gaussians.active_sh_degree = active
+        weights = torch.randn(camera.height, camera.width, 3, generator=torch.Generator().manual_seed(active))
+        (render(gaussians, camera).image * weights.to(device)).sum().backward()
+        grad = gaussians.params["shN"].grad.cpu()
+        used = num_sh_bases(active) - 1
+        assert gaussians.gradient_columns()[list(gaussians.params).index("shN")] == used
+        assert torch.count_nonzero(grad[:, used:]) == 0, active
+        assert active == 0 or torch.count_nonzero(grad[:, :used]) > 0
+
+
+def test_unused_sh_coefficients_get_exactly_zero_gradient():
+    unused_sh_gradients_are_zero("cpu")
+
+
 def test_render_extra_channels():
     gaussians = make_gaussians(40, seed=9)
     camera = make_camera()

@@ -55,6 +55,12 @@ def test_cuda_render_matches_cpu(seed):
     assert_grads_close(cpu_grads, cuda_grads)
 
 
+def test_cuda_unused_sh_coefficients_get_exactly_zero_gradient():
+    from test_render import unused_sh_gradients_are_zero
+
+    unused_sh_gradients_are_zero("cuda")
+
+
 def test_cuda_tile_masked_render_matches_cpu():
     camera = make_camera()
     mask = torch.tensor([[True, False, True], [False, True, False]])

@@ -16,7 +16,7 @@ optimizer steps act on unconstrained values:
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -121,6 +121,13 @@ class Gaussians(torch.nn.Module):
     def sh(self) -> torch.Tensor:
         """All SH coefficients [N, K, 3]."""
         return torch.cat([self.params["sh0"], self.params["shN"]], dim=1)
+
+    def gradient_columns(self) -> List[Optional[int]]:
+        """Per parameter (in `params`' order), how many leading coefficients (dim 1) of its
+        gradient can be nonzero; None for all. Of the higher SH bands only the active degree's:
+        the renderer leaves the others' gradient exactly 0 (tests/test_render.py), so a step of
+        several ranks does not send them (two thirds of the gradient while the degree is 0)."""
+        return [num_sh_bases(self.active_sh_degree) - 1 if name == "shN" else None for name in self.params]
 
     def raw(self) -> Dict[str, torch.Tensor]:
         """Detached pre-activation tensors, for saving."""

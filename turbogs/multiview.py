@@ -64,11 +64,14 @@ def slot_generator(seed: int, step: int, slot: int) -> torch.Generator:
 
 
 def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor], reductions: Dict[str, str],
-            tile_counts: Sequence[int], batch_views: int) -> StepTotals:
+            tile_counts: Sequence[int], batch_views: int,
+            grad_columns: Sequence[Optional[int]] = ()) -> StepTotals:
     """Sum the views of this rank and of every rank: gradients (in place, in `.grad`), and the
     figures and density statistics (each by its `reductions` entry, "sum" or "max") returned.
     `tile_counts`: each slot's number of sampled tiles (known to every rank from the shared
-    draw; empty without tile sampling)."""
+    draw; empty without tile sampling). `grad_columns`: per parameter, in order, how many
+    leading columns of its gradient can be nonzero (None or missing: all;
+    Gaussians.gradient_columns): only those are sent, the rest are 0 on every rank."""
     if len(views) == 1 and world.size == 1:
         only = views[0]
         return StepTotals(only.loss, only.psnr, only.visible, [only.tile_errors], only.curvature, only.statistics)
@@ -93,7 +96,9 @@ def combine(views: Sequence[ViewResult], world: World, params: Sequence[Tensor],
         for param in params:  # a rank must send every gradient, even one its views did not reach
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        summed = [figures, visible, tiles, *(curvature or {}).values(), *[p.grad for p in params],
+        columns = list(grad_columns) + [None] * (len(params) - len(grad_columns))
+        grads = [p.grad if used is None else p.grad[:, :used] for p, used in zip(params, columns)]
+        summed = [figures, visible, tiles, *(curvature or {}).values(), *grads,
                   *[value for key, value in statistics.items() if reductions.get(key, "sum") == "sum"]]
         maxed = [value for key, value in statistics.items() if reductions.get(key, "sum") == "max"]
         _reduce_in_place(world, summed, maxed)

@@ -200,7 +200,8 @@ class Trainer:
         slots = rank_slots(self.world, cfg.batch_views)
         views = [self.train_view(picks[slot], backgrounds[slot], progress, slot) for slot in slots]
         step = combine(views, self.world, self.trainable_parameters(), self.density.reductions,
-                       [] if self.memory is None else [pick.tile_ids.numel() for pick in picks], cfg.batch_views)
+                       [] if self.memory is None else [pick.tile_ids.numel() for pick in picks], cfg.batch_views,
+                       self.gaussians.gradient_columns())
 
         # A step with a non-finite loss or gradient changes nothing. Whether it is one stays
         # on the device (`ok`): every update below is masked by it, and the skipped steps are
