@@ -7,7 +7,8 @@ of 1 view compute exactly what 1 process of `--batch-views 2` does.
 
 Each view's loss is divided by V before its backward pass, so the gradients summed over the
 views and ranks are those of the step's mean loss. Then one collective on one flat buffer
-carries everything that is summed: the gradients, density control's statistics, the loss and
+carries everything that is summed: the gradients (of the higher SH bands only the active
+degree's: the others are 0 on every rank), density control's statistics, the loss and
 PSNR for the progress bar, the visible Gaussians, the curvature estimates and, zero-padded by
 slot, every view's tile errors (an all-gather by a sum: each rank fills its own slots). A
 statistic combined by maximum (INRIA's largest screen radius) travels in the same collective

@@ -482,6 +482,7 @@ class Trainer:
                    "world_size": self.world.size, "batch_views": self.cfg.batch_views,
                    "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
         if not self.world.is_main:
+            self.world.barrier()  # until rank 0 has written: every rank then leaves the process group together
             return summary
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
@@ -491,4 +492,5 @@ class Trainer:
         if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
             summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
+        self.world.barrier()  # (a rank that left first was twice seen aborting in gloo's teardown, SIGABRT)
         return summary
