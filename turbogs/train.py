@@ -492,5 +492,5 @@ class Trainer:
         if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
             summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
-        self.world.barrier()  # (a rank that left first was twice seen aborting in gloo's teardown, SIGABRT)
+        self.world.barrier()  # (rank 1 leaving first twice died by SIGABRT, likely in gloo's teardown)
         return summary
