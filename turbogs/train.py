@@ -481,8 +481,12 @@ class Trainer:
                    # steps count optimizer steps: views trained = steps x world_size x batch_views
                    "world_size": self.world.size, "batch_views": self.cfg.batch_views,
                    "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
+        # Every rank leaves the process group together, now, rather than one while another still
+        # holds it (twice rank 1, leaving alone as rank 0 wrote, died by SIGABRT, likely in gloo's
+        # teardown); rank 0 then writes and evaluates with no rank waiting on it.
+        self.world.barrier()
+        self.world.close()
         if not self.world.is_main:
-            self.world.barrier()  # until rank 0 has written: every rank then leaves the process group together
             return summary
         self.save_checkpoint()
         model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
@@ -492,5 +496,4 @@ class Trainer:
         if options.evaluate and self.scene.test:
             evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
             summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
-        self.world.barrier()  # (rank 1 leaving first twice died by SIGABRT, likely in gloo's teardown)
         return summary
