@@ -12,6 +12,7 @@ import sys
 from typing import List
 
 from turbogs.errors import TurboGSError
+from turbogs.host_memory import keep_freed_memory
 
 
 def resolution_arg(text: str) -> int:
@@ -59,9 +60,11 @@ def pick_device(name: str, threads: int = 1):
 
     torch.set_num_threads(threads)
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise TurboGSError("--device cuda: no CUDA GPU is visible to torch (is this a CPU build of torch?)")
+    if name == "cpu":  # the CPU path's tensors come from malloc: keep them from page-faulting (host_memory.py)
+        keep_freed_memory()
     return torch.device(name)
 
 

@@ -1,0 +1,48 @@
+"""Keep freed CPU memory inside the process, so that a CPU training step stops page-faulting.
+
+Why: a step on the CPU allocates and frees the same few hundred tensors every time, and glibc's
+malloc gives the freed top of its heap back to the kernel as soon as more than its trim
+threshold (128 KiB at start; at most 64 MiB) of it is free, and serves blocks over its mmap
+threshold with an mmap of their own, unmapped on free. So every step faults its memory in
+again and the kernel zero-fills each page: about 6,800 minor page faults a step on the demo's
+turbo preset (tests/test_host_memory.py), 10% of the run's time spent in the kernel.
+
+PyTorch's CPU performance guide answers this by swapping in jemalloc or tcmalloc. glibc's own
+knobs (mallopt, the same as its MALLOC_*_ environment variables) do it without a new
+dependency: a 256 MiB trim threshold with a 64 MiB top pad keeps what a step freed for the
+next one, and a 32 MiB mmap threshold (the largest glibc takes) sends blocks up to that size
+to the heap. Measured on the demo, turbo, one thread (`/usr/bin/time python -m turbogs train
+scenes/demo --preset turbo --steps 200`, two runs each way): 661k-726k -> 88k-89k minor faults,
+1.9-2.3 -> 0.44-0.49 s in the kernel, the same wall time on an idle machine (17.7 -> 17.8 s,
+18.8 -> 18.5 s), peak resident memory 409 -> 415-417 MB; with a second process on the other
+core (the old and new code side by side, three pairs) 10-15% more views a second, the faults
+being dearer when two processes fault at once. Captures whose steps allocate little gain
+nothing (test_colmap at -r 8, 3dgs: 80k-90k faults a run either way). The cost: up to about
+320 MB of freed memory (the trim threshold and top pad) stays with the process. Only glibc
+has these knobs: with any other C library, or off Linux, this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+# glibc's <malloc.h> option numbers.
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+_MIB = 1 << 20
+SETTINGS = ((M_MMAP_THRESHOLD, 32 * _MIB), (M_TRIM_THRESHOLD, 256 * _MIB), (M_TOP_PAD, 64 * _MIB))
+
+
+def keep_freed_memory() -> bool:
+    """Tune this process's malloc as above; whether it took (False off glibc). Safe to call
+    more than once; it changes where memory comes from, never what a computation gives."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)  # the C library this process already runs on
+        libc.gnu_get_libc_version  # glibc only: musl and others have no such symbol
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(option, value) == 1 for option, value in SETTINGS)
