@@ -3,13 +3,15 @@
 Each case runs in a fresh interpreter: malloc's settings are per process, and the test process
 itself may already have them (every CPU command applies them)."""
 
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from turbogs.host_memory import keep_freed_memory
+from turbogs.errors import TurboGSError
 
 DEMO = Path(__file__).resolve().parents[1] / "scenes" / "demo"
 
@@ -42,7 +44,7 @@ def faults_per_step(mode: str):
     return applied, float(count)
 
 
-@pytest.mark.skipif(not keep_freed_memory(), reason="glibc only (Linux)")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only (Linux)")
 def test_training_steps_reuse_their_memory_without_page_faults():
     applied, tuned = faults_per_step("tuned")
     _, default = faults_per_step("default")
@@ -60,4 +62,10 @@ def test_cpu_commands_apply_it(monkeypatch):
     calls = []
     monkeypatch.setattr(cliargs, "keep_freed_memory", lambda: calls.append(1) or True)
     assert cliargs.pick_device("cpu").type == "cpu"
+    assert calls == [1]
+    if torch.cuda.is_available():
+        assert cliargs.pick_device("cuda").type == "cuda"
+    else:
+        with pytest.raises(TurboGSError):
+            cliargs.pick_device("cuda")
     assert calls == [1]
