@@ -202,10 +202,65 @@ def test_a_run_of_several_views_per_step_is_scheduled_in_views():
     for name in ("densify_from", "densify_until", "densify_every", "opacity_reset_every"):
         assert getattr(double.density, name) == getattr(single.density, name) // 2, name
     assert double.lr.means == pytest.approx(single.lr.means * 2 ** 0.5)  # the sqrt rule
+    assert double.optimizer == single.optimizer  # "sqrt" leaves the optimizer's own settings
     none = get_preset("3dgs")
     none.batch_lr_rule = "none"
     assert none.for_run(500, world_size=2).lr.means == single.lr.means
     assert get_preset("turbo").for_run(500, world_size=2).density.densify_every == 50
+
+
+@pytest.mark.parametrize("preset", ["3dgs", "turbo"])
+def test_grendels_rule_counts_the_optimizers_averages_in_views(preset):
+    """Grendel-GS's rule for V views per step: rates x sqrt(V), every decay b -> b^V (so that a
+    moving average remembers as many views), eps / sqrt(V)."""
+    single = get_preset(preset).for_run(1200)
+    cfg = get_preset(preset)
+    cfg.batch_views, cfg.batch_lr_rule = 3, "grendel"
+    triple = cfg.for_run(400)
+    assert triple.lr.sh0 == pytest.approx(single.lr.sh0 * 3 ** 0.5)
+    assert triple.optimizer.betas == pytest.approx(tuple(beta ** 3 for beta in single.optimizer.betas))
+    assert triple.optimizer.eps == pytest.approx(single.optimizer.eps / 3 ** 0.5)
+    for name in type(single.optimizer).view_decays:  # the hybrid's curvature average
+        assert getattr(triple.optimizer, name) == pytest.approx(getattr(single.optimizer, name) ** 3), name
+    assert preset != "turbo" or type(single.optimizer).view_decays == ("hessian_beta",)
+    assert get_preset(preset).batch_lr_rule == {"turbo": "grendel", "3dgs": "sqrt"}[preset]  # measured defaults
+    # A constant gradient: after k steps of 3 views the first moment holds what 3k single-view
+    # steps leave, because (b^3)^k = b^(3k); with the betas per step it would not.
+    def first_moment(optimizer_config, steps):
+        param = torch.zeros(1, 3, requires_grad=True)
+        optimizer = optimizer_config.build({"means": param}, {"means": 0.1})["means"]
+        for _ in range(steps):
+            param.grad = torch.ones(1, 3)
+            optimizer.step()
+        return optimizer.state[param]["exp_avg"]
+
+    assert torch.allclose(first_moment(single.optimizer, 12), first_moment(triple.optimizer, 4), rtol=1e-6)
+    assert not torch.allclose(first_moment(single.optimizer, 12), first_moment(single.optimizer, 4), rtol=1e-3)
+
+
+def test_a_resumed_run_takes_its_own_optimizer_settings_not_the_checkpoints(tmp_path):
+    """A checkpoint of 1 view per step resumed with 2 views per step: the optimizers keep the
+    saved moments but take this run's rates and decays (torch's load_state_dict alone would
+    bring back the saved ones)."""
+    from test_cli import small_demo
+    from turbogs.data.load import load_scene
+    from turbogs.train import RunOptions, Trainer
+
+    scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=lambda message: None)
+    options = RunOptions(out_dir=tmp_path, progress=False, log=lambda message: None)
+    first = Trainer(scene, get_preset("3dgs").for_run(steps=20), options)
+    for _ in range(3):
+        first.run_step()
+    state = {**first.state_dict(), "step": first.step}  # what checkpoint.save_checkpoint writes
+    cfg = get_preset("3dgs")
+    cfg.batch_views, cfg.batch_lr_rule = 2, "grendel"
+    resumed = Trainer(scene, cfg.for_run(steps=10), options)
+    resumed.load_state_dict(state)
+    group = resumed.optimizers["opacities"].param_groups[0]
+    assert group["lr"] == pytest.approx(first.optimizers["opacities"].param_groups[0]["lr"] * 2 ** 0.5)
+    assert group["betas"] == pytest.approx((0.9 ** 2, 0.999 ** 2))
+    saved = first.optimizers["opacities"].state[first.gaussians.params["opacities"]]["exp_avg"]
+    assert torch.equal(resumed.optimizers["opacities"].state[resumed.gaussians.params["opacities"]]["exp_avg"], saved)
 
 
 def test_the_launcher_drops_nproc_from_the_workers_command():

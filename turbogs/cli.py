@@ -67,7 +67,9 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
         cfg.checkpoint_every_steps = args.checkpoint_every_steps
     apply_ablations(cfg, args)
     cfg.appearance.enabled = cfg.appearance.enabled or args.appearance
-    cfg.batch_views, cfg.batch_lr_rule = args.batch_views, args.batch_lr
+    cfg.batch_views = args.batch_views
+    if args.batch_lr is not None:
+        cfg.batch_lr_rule = args.batch_lr
     cfg = cfg.for_run(args.steps, args.budget_seconds, world_size=world.size)
 
     failure, scene = None, None
@@ -313,8 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
                    help="views per optimizer step on each rank (their mean loss; learning rates x sqrt(views per "
                         "step), schedules counted in views). --steps counts optimizer steps")
-    p.add_argument("--batch-lr", choices=["sqrt", "none"], default="sqrt",
-                   help="learning rates for V views per step: x sqrt(V) (default, Grendel-GS's rule) or unchanged")
+    p.add_argument("--batch-lr", choices=["grendel", "sqrt", "none"], default=None,  # config.BATCH_LR_RULES
+                   help="the optimizer for V views per step: grendel = Grendel-GS's rule (learning rates x "
+                        "sqrt(V), Adam's moments and the curvature average counted in views; turbo's default), "
+                        "sqrt = learning rates x sqrt(V) only (3dgs's default), none = unchanged")
     p.add_argument("--viewer", action="store_true", help="watch training live in the browser")
     add_server(p)
     p.add_argument("--no-block", action="store_true", help="with --viewer: exit when training ends instead of serving on")

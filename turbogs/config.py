@@ -35,8 +35,12 @@ class LearningRates:
     quats: float = 1e-3
 
 
-# Learning-rate factor for V views per step.
-BATCH_LR_RULES: Dict[str, Callable[[int], float]] = {"sqrt": lambda views: views ** 0.5, "none": lambda views: 1.0}
+# How the optimizer's settings follow V views per step (the gradient is their mean):
+#   grendel  Grendel-GS's rule: learning rates x sqrt(V), and the optimizer's moving averages
+#            counted in views (OptimizerConfig.per_views: decays b -> b^V, eps / sqrt(V))
+#   sqrt     learning rates x sqrt(V) only (TurboGS's rule until 2026-12-04)
+#   none     unchanged
+BATCH_LR_RULES = ("grendel", "sqrt", "none")
 
 
 @dataclass
@@ -74,8 +78,7 @@ class TrainConfig:
     # Views per optimizer step on each process (--batch-views); R ranks train R x this per step.
     batch_views: int = 1
     world_size: int = 1  # the ranks this config was sized for (set by for_run)
-    # How the learning rates follow V views per step (the gradient is their mean): "sqrt"
-    # multiplies them by sqrt(V) (Grendel-GS's rule), "none" keeps them.
+    # How the optimizer follows V views per step: one of BATCH_LR_RULES.
     batch_lr_rule: str = "sqrt"
 
     def for_run(self, steps: Optional[int] = None, budget_seconds: Optional[float] = None,
@@ -105,8 +108,8 @@ class TrainConfig:
 
     def for_views_per_step(self, views: int) -> "TrainConfig":
         """This config for steps of `views` views (batch_views x ranks), from one scheduled in
-        single-view steps (for_run does both): the learning rates by
-        `batch_lr_rule`, and what is counted in steps (densification, SH growth) divided by
+        single-view steps (for_run does both): the learning rates and the optimizer's moving
+        averages by `batch_lr_rule`, and what is counted in steps (densification, SH growth) divided by
         `views`, so that it still happens after as many views. One view: unchanged."""
         if views < 1:
             raise TurboGSError(f"views per step must be at least 1, got {views}")
@@ -114,10 +117,11 @@ class TrainConfig:
             raise TurboGSError(f"unknown batch_lr_rule '{self.batch_lr_rule}' (choose from: {', '.join(BATCH_LR_RULES)})")
         if views == 1:
             return self
-        factor = BATCH_LR_RULES[self.batch_lr_rule](views)
+        factor = 1.0 if self.batch_lr_rule == "none" else views ** 0.5
         return dataclasses.replace(
             self,
             lr=LearningRates(**{name: rate * factor for name, rate in dataclasses.asdict(self.lr).items()}),
+            optimizer=self.optimizer.per_views(views) if self.batch_lr_rule == "grendel" else self.optimizer,
             density=self.density.per_views(views),
             sh_increase_every=max(1, round(self.sh_increase_every / views)),
         )
@@ -150,6 +154,10 @@ def preset_turbo() -> TrainConfig:
         # a step-based run otherwise raises the degree every steps/7 (scaled_to), and late SH cost
         # the hybrid 2.3 dB on the demo at 1500 steps (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
         sh_increase_fraction=1 / 30,
+        # Steps of several views: Grendel-GS's rule. Against the rates alone, at 2 ranks and equal
+        # views (3 seeds): +1.6 dB on the demo, +0.7 on forward_points, level on test_colmap
+        # (benchmarks/results/2026-12-04_cpu_batch_rule_grendel.md). The 3dgs preset keeps "sqrt".
+        batch_lr_rule="grendel",
     )
 
 

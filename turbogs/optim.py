@@ -143,6 +143,7 @@ class HybridConfig(OptimizerConfig):
     (INRIA's Adam rates; see the trainer's LearningRates)."""
 
     name: ClassVar[str] = "hybrid"
+    view_decays: ClassVar[Tuple[str, ...]] = ("hessian_beta",)  # per_views: the curvature EMA remembers as many views
     betas: Tuple[float, float] = (0.9, 0.999)  # Adam's, as INRIA
     eps: float = 1e-15  # INRIA's; gradients of faint Gaussians are tiny
     hessian_beta: float = 0.95  # EMA of curvature estimates: ~20 estimates = 200 steps at hessian_every 10

@@ -15,8 +15,9 @@ One optimizer per parameter so that density control can edit each one's rows
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Dict, Mapping, Optional
+from typing import ClassVar, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -32,10 +33,38 @@ def clear_grads(optimizer: torch.optim.Optimizer) -> None:
             param.grad = None
 
 
+def load_keeping_settings(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict(state)` (the moments), keeping this run's settings (learning
+    rates, betas, eps) instead of the saved ones: a run resumed on another number of views per
+    step sets them differently (TrainConfig.for_views_per_step), and torch's load would bring
+    back the old run's."""
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, ours in zip(optimizer.param_groups, settings):
+        group.update(ours)
+
+
 class OptimizerConfig:
-    """Base of the optimizer settings (each a dataclass). `name` is what --optimizer takes."""
+    """Base of the optimizer settings (each a dataclass). `name` is what --optimizer takes.
+    Every optimizer here is Adam at heart: its settings have `betas` and `eps`."""
 
     name: ClassVar[str]
+    # Other moving-average decays, per step, that per_views() counts in views (e.g. a curvature EMA).
+    view_decays: ClassVar[Tuple[str, ...]] = ()
+
+    def per_views(self, views: int) -> "OptimizerConfig":
+        """These settings for steps whose gradient is the mean of `views` views, as Grendel-GS
+        sets Adam for its batches (with the rates x sqrt(views), which the trainer sets): every
+        moving average keeps its memory in views, not steps (a decay b becomes b^views: Adam's
+        moments, and `view_decays`), and eps shrinks by sqrt(views) as the rates grow, so that
+        the step keeps its shape where the gradient is tiny. Why: with the decays per step, a
+        step of 2 views remembers twice as many views, and the averages lag twice as far behind
+        the moving parameters."""
+        if views == 1:
+            return self
+        changes = {name: getattr(self, name) ** views for name in self.view_decays}
+        return dataclasses.replace(self, betas=tuple(beta ** views for beta in self.betas),
+                                   eps=self.eps / views ** 0.5, **changes)
 
     def build(self, params: Mapping[str, Tensor], rates: Mapping[str, float]) -> Optimizers:
         """One optimizer per parameter, in the order of `params`, at its learning rate."""
@@ -77,6 +106,7 @@ class AdamConfig(OptimizerConfig):
     """Adam with INRIA's epsilon (gradients of faint Gaussians are tiny)."""
 
     name: ClassVar[str] = "adam"
+    betas: Tuple[float, float] = (0.9, 0.999)  # torch's and INRIA's
     eps: float = 1e-15
     # torch's fused kernel (CPU and CUDA): one op per parameter, and its step counter stays on
     # the device. The default (foreach) Adam reads each counter back to the host every step.
@@ -84,7 +114,8 @@ class AdamConfig(OptimizerConfig):
     fused: bool = True
 
     def build(self, params: Mapping[str, Tensor], rates: Mapping[str, float]) -> Optimizers:
-        return {name: torch.optim.Adam([param], lr=rates[name], eps=self.eps, fused=self.fused or None)
+        return {name: torch.optim.Adam([param], lr=rates[name], betas=tuple(self.betas), eps=self.eps,
+                                       fused=self.fused or None)
                 for name, param in params.items()}
 
 

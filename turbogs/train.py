@@ -38,6 +38,7 @@ from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.init_points import initial_points
 from turbogs.metrics import sampled_psnr_tensor
 from turbogs.multiview import ViewResult, combine, rank_slots, slot_generator
+from turbogs.optimizers import load_keeping_settings
 from turbogs.render import render
 from turbogs.running_stats import RunningStats
 from turbogs.step_clock import StepClock
@@ -373,7 +374,7 @@ class Trainer:
         self.gaussians.active_sh_degree = state["active_sh_degree"]
         self.optimizers = make_optimizers(self.gaussians, self.cfg, self.extent)
         for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
+            load_keeping_settings(optimizer, state["optimizers"][name])
         self.density_state = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["density"].items()}
         self.views.load_state_dict(state["views"])
         if self.memory is not None:
