@@ -155,8 +155,8 @@ def preset_turbo() -> TrainConfig:
         # the hybrid 2.3 dB on the demo at 1500 steps (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
         sh_increase_fraction=1 / 30,
         # Steps of several views: Grendel-GS's rule. Against the rates alone, at 2 ranks and equal
-        # views (3 seeds): +1.6 dB on the demo, +0.7 on forward_points, level on test_colmap
-        # (benchmarks/results/2026-12-04_cpu_batch_rule_grendel.md). The 3dgs preset keeps "sqrt".
+        # views (3 seeds): +1.6 dB on the demo, +0.7 on forward_points, level on test_colmap and
+        # exposure (benchmarks/results/2026-12-04_cpu_batch_rule_grendel.md). 3dgs keeps "sqrt".
         batch_lr_rule="grendel",
     )
 
