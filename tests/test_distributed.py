@@ -224,6 +224,11 @@ def test_grendels_rule_counts_the_optimizers_averages_in_views(preset):
         assert getattr(triple.optimizer, name) == pytest.approx(getattr(single.optimizer, name) ** 3), name
     assert preset != "turbo" or type(single.optimizer).view_decays == ("hessian_beta",)
     assert get_preset(preset).batch_lr_rule == {"turbo": "grendel", "3dgs": "sqrt"}[preset]  # measured defaults
+    from turbogs.cli import build_parser
+    from turbogs.config import BATCH_LR_RULES
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
+    [choices] = [action.choices for action in train_parser._actions if "--batch-lr" in action.option_strings]
+    assert tuple(choices) == BATCH_LR_RULES  # the CLI spells the rules out (it imports no config)
     # A constant gradient: after k steps of 3 views the first moment holds what 3k single-view
     # steps leave, because (b^3)^k = b^(3k); with the betas per step it would not.
     def first_moment(optimizer_config, steps):

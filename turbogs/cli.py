@@ -313,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel: N ranks on this machine, one view each per step (one GPU each on CUDA; "
                         "gloo on CPU). Across machines: torchrun --nnodes M --nproc_per_node N -m turbogs train ...")
     p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
-                   help="views per optimizer step on each rank (their mean loss; learning rates x sqrt(views per "
-                        "step), schedules counted in views). --steps counts optimizer steps")
+                   help="views per optimizer step on each rank (their mean loss; the optimizer set by --batch-lr, "
+                        "schedules counted in views). --steps counts optimizer steps")
     p.add_argument("--batch-lr", choices=["grendel", "sqrt", "none"], default=None,  # config.BATCH_LR_RULES
                    help="the optimizer for V views per step: grendel = Grendel-GS's rule (learning rates x "
                         "sqrt(V), Adam's moments and the curvature average counted in views; turbo's default), "
