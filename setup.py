@@ -1,18 +1,22 @@
-"""TurboGS install script.
+"""The parts of the build that pyproject.toml cannot declare.
 
-The package is pure Python. `turbogs._C` (our CUDA kernels in cuda/) is built only
-where both a CUDA toolchain and a CUDA build of torch are present; everywhere else
-the torch twins in turbogs/kernels/ are used. Set TURBOGS_NO_CUDA=1 to skip the build
-even on a CUDA machine: the sources ship as package data (turbogs/cuda/), so an installed
-TurboGS compiles them just-in-time on first use.
+- **Packages.** They are discovered (every package under turbogs/), plus the two folders that
+  sit at the top of the repository and install inside the package: viewer/ as turbogs.viewer and
+  cuda/ as turbogs.cuda. pyproject's `find` cannot map a folder to another package name.
+- **The CUDA extension.** `turbogs._C` (our kernels in cuda/) is built only where both a CUDA
+  toolchain and a CUDA build of torch are present; everywhere else the torch twins in
+  turbogs/kernels/ are used. Set TURBOGS_NO_CUDA=1 to skip the build even on a CUDA machine: the
+  sources ship as package data (turbogs/cuda/), so an installed TurboGS compiles them just in
+  time on first use.
 """
 
 import os
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+INSTALLED_INSIDE = {"turbogs.viewer": "viewer", "turbogs.cuda": "cuda"}
 
 
 def cuda_extensions():
@@ -35,29 +39,8 @@ def cuda_extensions():
 ext_modules, cmdclass = cuda_extensions()
 
 setup(
-    name="turbogs",
-    version="0.1.0",
-    description="3D Gaussian Splatting in about 100 seconds: error-guided sparse training",
-    python_requires=">=3.10",
-    packages=["turbogs", "turbogs.bench", "turbogs.data", "turbogs.density", "turbogs.kernels", "turbogs.render",
-              "turbogs.turbo", "turbogs.viewer", "turbogs.cuda"],
-    # viewer/ and cuda/ sit at the top of the repository and install inside the package.
-    package_dir={"turbogs.viewer": "viewer", "turbogs.cuda": "cuda"},
-    package_data={"turbogs.viewer": ["*.html", "*.js", "*.css"],
-                  "turbogs.cuda": ["*.py", "*.cu", "*.h", "*.cpp", "*.sh"]},
-    install_requires=[
-        "torch>=2.4",  # install torch first (see README) so pip never pulls a CUDA build by accident
-        "gsplat==1.5.3",
-        "packaging",  # gsplat imports it without declaring it
-        "numpy",
-        "opencv-python-headless",
-        "plyfile",
-        "tqdm",
-        "viser==1.1.1",
-    ],
-    # setuptools: tests/test_packaging.py builds the wheel without build isolation.
-    extras_require={"test": ["pytest", "hypothesis", "playwright", "setuptools>=70.1"]},
-    entry_points={"console_scripts": ["turbogs=turbogs.cli:main"]},
+    packages=find_packages(include=["turbogs", "turbogs.*"]) + sorted(INSTALLED_INSIDE),
+    package_dir=INSTALLED_INSIDE,
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from turbogs.config import DENSITY_CONFIGS, OPTIMIZER_CONFIGS, get_preset
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
-from turbogs.train import RunOptions, Trainer
+from turbogs.training.config import DENSITY_CONFIGS, OPTIMIZER_CONFIGS, get_preset
+from turbogs.training.trainer import RunOptions, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 

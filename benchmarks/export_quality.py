@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from turbogs.cli import main, scene_for_model
+from turbogs.cli import main
 from turbogs.formats import read_gaussians
+from turbogs.formats.model_folder import scene_for_model
 from turbogs.gaussians import Gaussians
 from turbogs.metrics import psnr
 from turbogs.render import render

@@ -26,7 +26,7 @@ from turbogs.data import colmap
 from turbogs.data.images import is_file
 from turbogs.data.transforms import GL_TO_CV, read_nerf_synthetic, read_nerfstudio, read_ply_points
 from turbogs.errors import TurboGSError
-from turbogs.ply import read_ply, write_points_ply, write_ply
+from turbogs.formats.ply import read_ply, write_ply, write_points_ply
 
 # --- valid seed files ------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ bench_presets() {  # those of $PRESETS that exist, comma-separated
   python3 -c "
 import os, sys
 from turbogs.bench.run import split_steps
-from turbogs.config import get_preset
+from turbogs.training.config import get_preset
 from turbogs.errors import TurboGSError
 def exists(name):  # a preset, PRESET+ABLATION, or either @STEPS
     try:
@@ -60,20 +60,20 @@ phase_bench() {
   [[ -n $presets ]] || { echo "none of the presets exists"; return 1; }
   if [[ $DRY_RUN == 1 ]]; then
     presets=$(echo "$presets" | sed 's/@[0-9]*//g')  # a dry run keeps every preset to DRY_RUN_STEPS
-    python3 -m turbogs.cli bench "$SCENE" --presets "$presets" -r "${DRY_RUN_RESOLUTION:-8}" \
+    python3 -m turbogs bench "$SCENE" --presets "$presets" -r "${DRY_RUN_RESOLUTION:-8}" \
       --steps "${DRY_RUN_STEPS:-20}" --eval-points 2 --device cpu --quiet --out "$OUT/bench"
   else
-    python3 -m turbogs.cli bench "$SCENE" --presets "$presets" -r "${BENCH_RESOLUTION:-2}" \
+    python3 -m turbogs bench "$SCENE" --presets "$presets" -r "${BENCH_RESOLUTION:-2}" \
       --budget-seconds "${BENCH_SECONDS:-45}" --device cuda --quiet --out "$OUT/bench"
   fi
 }
 
 phase_step_cost() {
   if [[ $DRY_RUN == 1 ]]; then
-    python3 -m turbogs.cli bench "$SCENE" --presets turbo -r "${DRY_RUN_RESOLUTION:-8}" --step-cost \
+    python3 -m turbogs bench "$SCENE" --presets turbo -r "${DRY_RUN_RESOLUTION:-8}" --step-cost \
       --step-cost-repeats 2 --step-cost-profile --device cpu --out "$OUT/bench"
   else
-    python3 -m turbogs.cli bench "$SCENE" --presets turbo -r "${BENCH_RESOLUTION:-2}" --step-cost \
+    python3 -m turbogs bench "$SCENE" --presets turbo -r "${BENCH_RESOLUTION:-2}" --step-cost \
       --step-cost-repeats 9 --step-cost-gaussians "${STEP_COST_GAUSSIANS:-300000}" --step-cost-profile \
       --device cuda --out "$OUT/bench"
   fi

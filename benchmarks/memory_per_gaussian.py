@@ -5,7 +5,7 @@ code that allocates it:
 
 - parameters: turbogs/gaussians.py (means 3, scales 3, quats 4, opacity 1, SH 3 (d+1)^2);
 - gradients: one per parameter, alive from backward until the optimizer's zero_grad;
-- optimizer state: torch's Adam (exp_avg, exp_avg_sq) or turbogs/optim.py's HybridOptimizer
+- optimizer state: torch's Adam (exp_avg, exp_avg_sq) or turbogs/optim/hybrid.py's HybridOptimizer
   (exp_avg, exp_avg_sq, hessian shaped like each parameter, plus row_step and hessian_count,
   one word per row of each of the six parameter tensors);
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
@@ -27,7 +27,7 @@ from typing import Dict
 
 from turbogs.density.error_driven import PROBE_CHANNELS
 from turbogs.gaussians import PARAM_NAMES, num_sh_bases
-from turbogs.preflight import params_per_gaussian
+from turbogs.training.preflight import params_per_gaussian
 
 WORD = 4  # bytes of a float32 (and of an int32)
 GB = 1e9  # decimal gigabytes, as GPU vendors count (an H200 has 141 GB)
@@ -89,7 +89,7 @@ def optimizer_step_words(sh_degree: int, optimizer: str) -> int:
     """Per-Gaussian transients of the optimizer step, alive after the render's are freed.
 
     torch's fused Adam updates in place: none. The hybrid's `_foreach` step
-    (turbogs/hybrid_foreach.py) builds, for every parameter at once, new exp_avg and
+    (turbogs/optim/hybrid_step.py) builds, for every parameter at once, new exp_avg and
     exp_avg_sq, the denominator, the ratio, the updated values and (with the trainer's `ok`
     flag) a torch.where copy before each assignment: six copies of all the parameters
     (59 floats at degree 3). One op per stage for all six parameters is what makes it fast;

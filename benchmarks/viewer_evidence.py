@@ -37,7 +37,6 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from browser import chromium_page, screenshot_rgb  # noqa: E402  (the tests' Chromium launcher)
-
 from turbogs.viewer.server import FRUSTUM_COLOR  # noqa: E402
 
 SCREENSHOTS = REPO / "docs" / "screenshots"
@@ -61,11 +60,11 @@ def free_port() -> int:
 
 
 class Turbogs:
-    """`python -m turbogs.cli ARGS` in the background; its output is collected by a thread
+    """`python -m turbogs ARGS` in the background; its output is collected by a thread
     (so a full pipe never stalls it) and scanned for the viewer's URL."""
 
     def __init__(self, args: List[str]):
-        self.command = [sys.executable, "-m", "turbogs.cli", *args]
+        self.command = [sys.executable, "-m", "turbogs", *args]
         self.lines: List[str] = []
         self.url: Optional[str] = None
         self._url_seen = threading.Event()
@@ -266,7 +265,7 @@ def shoot_view(model: Path = COLMAP_MODEL, out: Path = SCREENSHOTS / "view_test_
     scene = image[:, :930]  # left of the control panel
     gaussians = re.search(r"Gaussians:\s*([\d,]+)", info)
     result = {
-        "command": f"python -m turbogs.cli view {model} --port {port}",
+        "command": f"python -m turbogs view {model} --port {port}",
         "screenshot": str(out.relative_to(REPO)),
         "size": [int(image.shape[1]), int(image.shape[0])],
         "panel_says_gaussians": gaussians.group(1) if gaussians else None,
@@ -382,7 +381,7 @@ def shoot_live(out: Path = SCREENSHOTS / "live_heatmap.png", steps: int = 1000, 
         run.wait(timeout=300)
     caption = re.search(r"Error memory of\s+(.+?) at step ([\d,]+)[^\n]*", text)
     result = {
-        "command": "python -m turbogs.cli " + " ".join(args),
+        "command": "python -m turbogs " + " ".join(args),
         "screenshot": str(out.relative_to(REPO)),
         "size": [width, height],
         "step_in_page_text_before_screenshot": dom_step_from_text(text),
@@ -494,7 +493,7 @@ def measure_slowdown(steps: int = 600, repeats: int = 2) -> dict:
         for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
             rows.append(one_run(mode, steps, repeat))
     return {"runs": rows, "summary": summarize(rows),
-            "commands": {mode: "python -m turbogs.cli " + " ".join(train_args(mode, f"/tmp/viewer_slowdown/{mode}_R", steps, 0)).replace("--port 0", "--port <free>")
+            "commands": {mode: "python -m turbogs " + " ".join(train_args(mode, f"/tmp/viewer_slowdown/{mode}_R", steps, 0)).replace("--port 0", "--port <free>")
                          for mode in MODES}}
 
 

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from test_bad_inputs import CASES
+
 from turbogs.cli import main
 
 

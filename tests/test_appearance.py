@@ -7,19 +7,19 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
-from turbogs.appearance import Appearance, AppearanceConfig, affine_color_fit
-from turbogs.config import get_preset
+
 from turbogs.data.load import load_scene
 from turbogs.data.scene import Camera
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians
+from turbogs.metrics import affine_color_fit, sampled_psnr
 from turbogs.render import render
-from turbogs.metrics import sampled_psnr
-from turbogs.train import RunOptions, Trainer
-from turbogs.train_run import train
+from turbogs.training.appearance import Appearance, AppearanceConfig
+from turbogs.training.config import get_preset
+from turbogs.training.run import train
+from turbogs.training.trainer import RunOptions, Trainer
 
 _spec = importlib.util.spec_from_file_location("make_captures", REPO / "scenes" / "make_captures.py")
 captures = importlib.util.module_from_spec(_spec)

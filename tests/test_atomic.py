@@ -4,8 +4,8 @@ import stat
 
 import pytest
 
-from turbogs.atomic import atomic_path, atomic_write_bytes, atomic_write_json, atomic_write_text
 from turbogs.errors import TurboGSError
+from turbogs.fileio import atomic_path, atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 def test_writers_round_trip(tmp_path):

@@ -17,13 +17,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from test_cli import DEMO, small_demo
+
 from turbogs.cli import main
 from turbogs.data import colmap
 from turbogs.data.load import load_scene
 from turbogs.data.transforms import GL_TO_CV
-from turbogs.ply import write_ply
+from turbogs.formats.ply import write_ply
 
 VIEWS = 4
 
@@ -393,7 +393,7 @@ def test_bad_flags(flags, expected, capsys):
 
 
 def test_bad_flag_in_a_subprocess(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "turbogs.cli", "train", str(DEMO), "-r", "3"],
+    done = subprocess.run([sys.executable, "-m", "turbogs", "train", str(DEMO), "-r", "3"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "-r/--resolution" in done.stderr
 
@@ -401,14 +401,14 @@ def test_bad_flag_in_a_subprocess(tmp_path):
 def test_corrupt_colmap_in_a_subprocess(tmp_path):
     """The real entry point: nothing but the one line reaches stderr (no OpenCV or torch noise)."""
     args, names = CASES["colmap bin: truncated cameras"](tmp_path)
-    done = subprocess.run([sys.executable, "-m", "turbogs.cli", *map(str, args)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "turbogs", *map(str, args)], capture_output=True, text=True,
                           cwd=tmp_path)
     assert_one_line_error(done.returncode, done.stderr, names)
 
 
 def test_corrupt_image_in_a_subprocess(tmp_path):
     args, names = CASES["image: corrupt image"](tmp_path)
-    done = subprocess.run([sys.executable, "-m", "turbogs.cli", *map(str, args)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "turbogs", *map(str, args)], capture_output=True, text=True,
                           cwd=tmp_path)
     assert_one_line_error(done.returncode, done.stderr, names)
 

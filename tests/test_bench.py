@@ -17,9 +17,10 @@ import torch
 
 from turbogs import bench
 from turbogs.bench import run as bench_run
-from turbogs.config import PRESETS, preset_3dgs
+from turbogs.cli import main as turbogs_main
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians, num_sh_bases
+from turbogs.training.config import PRESETS, preset_3dgs
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "scenes" / "demo")
@@ -28,7 +29,7 @@ EVAL_SLEEP = 0.6  # seconds added to every evaluation in the shared run
 
 @pytest.fixture(scope="module")
 def demo_bench(tmp_path_factory):
-    """bench.main on the demo scene with a second name for the 3dgs preset; every
+    """`turbogs bench` on the demo scene with a second name for the 3dgs preset; every
     evaluation sleeps EVAL_SLEEP seconds. Returns the run's facts."""
     out = tmp_path_factory.mktemp("bench")
     calls = []
@@ -42,7 +43,7 @@ def demo_bench(tmp_path_factory):
         mp.setitem(PRESETS, "3dgs_again", preset_3dgs)
         mp.setattr(bench_run, "evaluate_views", slow_evaluate)  # where run_preset looks it up
         started = time.perf_counter()
-        code = bench.main([DEMO, "--presets", "3dgs,3dgs_again", "-r", "1", "--steps", "10", "--eval-points", "2",
+        code = turbogs_main(["bench", DEMO, "--presets", "3dgs,3dgs_again", "-r", "1", "--steps", "10", "--eval-points", "2",
                            "--device", "cpu", "--quiet", "--out", str(out)])
         wall = time.perf_counter() - started
     assert code == 0
@@ -144,7 +145,7 @@ def test_speedup_vs_run_is_stable_when_the_reference_touches_its_final_early():
 
 def test_budget_mode_stops_on_the_training_clock(tmp_path):
     budget = 1.5
-    code = bench.main([DEMO, "--presets", "3dgs", "-r", "1", "--budget-seconds", str(budget), "--eval-points", "3",
+    code = turbogs_main(["bench", DEMO, "--presets", "3dgs", "-r", "1", "--budget-seconds", str(budget), "--eval-points", "3",
                        "--device", "cpu", "--quiet", "--out", str(tmp_path)])
     assert code == 0
     entry = json.loads((tmp_path / "bench.json").read_text())["presets"]["3dgs"]
@@ -161,7 +162,7 @@ def test_a_preset_with_its_own_step_count_races_a_time_budget(tmp_path):
     """`turbo,3dgs@N`: turbo runs the bench's time budget, 3dgs exactly N steps (its
     schedules scaled to N, no budget), and the speedup against 3dgs's whole run is there:
     the shape of the paper's claim against "3DGS at 7k steps"."""
-    code = bench.main([DEMO, "--presets", "turbo,3dgs@12", "-r", "1", "--budget-seconds", "1", "--eval-points", "2",
+    code = turbogs_main(["bench", DEMO, "--presets", "turbo,3dgs@12", "-r", "1", "--budget-seconds", "1", "--eval-points", "2",
                        "--device", "cpu", "--quiet", "--out", str(tmp_path)])
     assert code == 0
     result = json.loads((tmp_path / "bench.json").read_text())
@@ -176,7 +177,7 @@ def test_a_preset_with_its_own_step_count_races_a_time_budget(tmp_path):
 
 
 def test_step_cost_renders_the_asked_share_of_tiles(tmp_path):
-    code = bench.main([DEMO, "--presets", "3dgs", "-r", "1", "--step-cost", "--step-cost-repeats", "1",
+    code = turbogs_main(["bench", DEMO, "--presets", "3dgs", "-r", "1", "--step-cost", "--step-cost-repeats", "1",
                        "--step-cost-gaussians", "2000", "--device", "cpu", "--out", str(tmp_path)])
     assert code == 0
     cost = json.loads((tmp_path / "step_cost.json").read_text())
@@ -238,19 +239,18 @@ def test_nice_ticks():
     (["--presets", "3dgs", "--steps", "5", "--step-cost"], "--step-cost"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, tmp_path, capsys):
-    code = bench.main([DEMO, *argv, "--out", str(tmp_path / "out")])
+    code = turbogs_main(["bench", DEMO, *argv, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err and err.startswith("turbogs bench: error:")
 
 
 def test_ablation_presets_switch_one_part_off():
     """"turbo+PART" is turbo with exactly one field changed, the same change as the train flag."""
-    from turbogs.config import get_preset
-
     from dataclasses import asdict
 
     from turbogs.density.vanilla import VanillaDensityConfig
-    from turbogs.optimizers import AdamConfig
+    from turbogs.optim.base import AdamConfig
+    from turbogs.training.config import get_preset
 
     turbo = get_preset("turbo").to_dict()
     changed = {
@@ -275,6 +275,6 @@ def test_ablation_presets_switch_one_part_off():
 
 
 def test_missing_scene_is_a_one_line_error(tmp_path, capsys):
-    code = bench.main([str(tmp_path / "nowhere"), "--presets", "3dgs", "--steps", "5", "--out", str(tmp_path / "o")])
+    code = turbogs_main(["bench", str(tmp_path / "nowhere"), "--presets", "3dgs", "--steps", "5", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "nowhere" in err and "does not exist" in err and "\n" not in err

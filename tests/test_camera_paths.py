@@ -6,9 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from turbogs.camera_paths import (camera_path, catmull_rom, focus_point, look_at, quat_to_rotation,
-                                  rotation_to_quat, slerp)
 from turbogs.errors import InputError
+from turbogs.render.camera_paths import (
+    camera_path,
+    catmull_rom,
+    focus_point,
+    look_at,
+    quat_to_rotation,
+    rotation_to_quat,
+    slerp,
+)
 
 TARGET = np.array([0.4, -0.3, 2.0])
 UP = np.array([0.0, -1.0, 0.0])  # OpenCV-style world: y points down

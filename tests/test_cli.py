@@ -13,7 +13,7 @@ import pytest
 
 from turbogs.cli import main
 from turbogs.data import colmap
-from turbogs.ply import read_ply
+from turbogs.formats.ply import read_ply
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "scenes" / "demo"
@@ -171,7 +171,7 @@ def test_truncated_bin_and_missing_folder(tmp_path, capsys):
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, flags, expected):
     """argparse's own errors: usage plus one 'error:' line, exit 2, no traceback."""
-    done = subprocess.run([sys.executable, "-m", "turbogs.cli", "train", str(DEMO), *flags],
+    done = subprocess.run([sys.executable, "-m", "turbogs", "train", str(DEMO), *flags],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr
 

@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 
 import torch
-
 from test_cli import small_demo
-from turbogs import checkpoint
+
 from turbogs.cli import main
-from turbogs.config import get_preset
 from turbogs.data.load import load_scene
-from turbogs.outdir import exclusive_output
-from turbogs.train import RunOptions, Trainer
+from turbogs.training import checkpoint
+from turbogs.training.config import get_preset
+from turbogs.training.outdir import exclusive_output
+from turbogs.training.trainer import RunOptions, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 80
@@ -69,7 +69,7 @@ def test_turbo_state_round_trip_resumes_bit_for_bit(tmp_path):
 
 
 def train_args(scene: Path, out: Path, *extra: str):
-    return [sys.executable, "-m", "turbogs.cli", "train", str(scene), "--out", str(out), "--preset", "3dgs",
+    return [sys.executable, "-m", "turbogs", "train", str(scene), "--out", str(out), "--preset", "3dgs",
             "--steps", str(STEPS), "--eval", "--seed", "1", "--quiet", "--threads", "1", *extra]
 
 

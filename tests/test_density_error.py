@@ -6,7 +6,6 @@ built by hand."""
 from __future__ import annotations
 
 import math
-
 from types import SimpleNamespace
 
 import pytest

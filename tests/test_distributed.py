@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from plyfile import PlyData
-
 from test_cli import DEMO
-from turbogs.config import get_preset
-from turbogs.distributed import LOCAL, PeerStopped, World, parameter_checksum
+
+from turbogs.distributed.launch import rank_that_died, strip_nproc
+from turbogs.distributed.multiview import ViewResult, combine
+from turbogs.distributed.world import LOCAL, PeerStopped, World, parameter_checksum
 from turbogs.errors import TurboGSError
-from turbogs.launch import rank_that_died, strip_nproc
-from turbogs.multiview import ViewResult, combine
+from turbogs.training.config import get_preset
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -225,7 +225,7 @@ def test_grendels_rule_counts_the_optimizers_averages_in_views(preset):
     assert preset != "turbo" or type(single.optimizer).view_decays == ("hessian_beta",)
     assert get_preset(preset).batch_lr_rule == {"turbo": "grendel", "3dgs": "sqrt"}[preset]  # measured defaults
     from turbogs.cli import build_parser
-    from turbogs.config import BATCH_LR_RULES
+    from turbogs.training.config import BATCH_LR_RULES
     train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
     [choices] = [action.choices for action in train_parser._actions if "--batch-lr" in action.option_strings]
     assert tuple(choices) == BATCH_LR_RULES  # the CLI spells the rules out (it imports no config)
@@ -248,8 +248,9 @@ def test_a_resumed_run_takes_its_own_optimizer_settings_not_the_checkpoints(tmp_
     saved moments but take this run's rates and decays (torch's load_state_dict alone would
     bring back the saved ones)."""
     from test_cli import small_demo
+
     from turbogs.data.load import load_scene
-    from turbogs.train import RunOptions, Trainer
+    from turbogs.training.trainer import RunOptions, Trainer
 
     scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=lambda message: None)
     options = RunOptions(out_dir=tmp_path, progress=False, log=lambda message: None)
@@ -307,7 +308,7 @@ class StopButton:
 
 def _stop_from_the_viewer(rank: int, init_file: str, out: str, results) -> None:
     from turbogs.data.load import load_scene
-    from turbogs.train import RunOptions, Trainer
+    from turbogs.training.trainer import RunOptions, Trainer
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     world = World(rank, 2, rank, "gloo")

@@ -12,13 +12,12 @@ import cv2
 import numpy as np
 import pytest
 
-from turbogs.camera_paths import look_at
 from turbogs.cli import main
 from turbogs.errors import InputError
-from turbogs.formats import read_gaussians
-from turbogs.formats import sog, spz
-from turbogs.model import camera_json_entry, load_model
-from turbogs.ply import read_ply, write_ply
+from turbogs.formats import read_gaussians, sog, spz
+from turbogs.formats.model_folder import camera_json_entry, load_model
+from turbogs.formats.ply import read_ply, write_ply
+from turbogs.render.camera_paths import look_at
 
 
 def random_params(n=600, degree=3, seed=0, extent=2.0):
@@ -251,7 +250,7 @@ def test_export_writes_each_format_and_the_readable_ones_load_back(tmp_path, cap
 
 def empty_model(tmp_path):
     """A well-formed INRIA .ply with zero vertices (what a run that pruned everything leaves)."""
-    from turbogs.ply import vertex_field_names
+    from turbogs.formats.ply import vertex_field_names
 
     header = ["ply", "format binary_little_endian 1.0", "element vertex 0"]
     header += [f"property float {name}" for name in vertex_field_names(0)] + ["end_header"]

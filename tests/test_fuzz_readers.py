@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from turbogs.data import colmap
 from turbogs.errors import InputError, TurboGSError
-from turbogs.ply import read_ply
+from turbogs.formats.ply import read_ply
 
 _spec = importlib.util.spec_from_file_location(
     "fuzz_long", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_long.py")

@@ -1,4 +1,4 @@
-"""host_memory.keep_freed_memory: a CPU training step must not page-fault its tensors in again.
+"""device.keep_freed_memory: a CPU training step must not page-fault its tensors in again.
 
 Each case runs in a fresh interpreter: malloc's settings are per process, and the test process
 itself may already have them (every CPU command applies them)."""
@@ -19,12 +19,12 @@ DEMO = Path(__file__).resolve().parents[1] / "scenes" / "demo"
 # faults a step over the next 10.
 FAULTS_PER_STEP = """
 import resource, sys, tempfile, torch
-from turbogs.host_memory import keep_freed_memory
+from turbogs.device import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[2] == "tuned" else None
 torch.set_num_threads(1)
-from turbogs.config import get_preset
+from turbogs.training.config import get_preset
 from turbogs.data.load import load_scene
-from turbogs.train import RunOptions, Trainer
+from turbogs.training.trainer import RunOptions, Trainer
 with tempfile.TemporaryDirectory() as out:
     trainer = Trainer(load_scene(sys.argv[1]), get_preset("turbo").for_run(steps=400),
                       RunOptions(out_dir=out, progress=False, log=lambda message: None))
@@ -57,15 +57,15 @@ def test_training_steps_reuse_their_memory_without_page_faults():
 
 def test_cpu_commands_apply_it(monkeypatch):
     """pick_device (every command that computes) tunes malloc for the CPU, not for CUDA runs."""
-    from turbogs import cliargs
+    from turbogs import device
 
     calls = []
-    monkeypatch.setattr(cliargs, "keep_freed_memory", lambda: calls.append(1) or True)
-    assert cliargs.pick_device("cpu").type == "cpu"
+    monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append(1) or True)
+    assert device.pick_device("cpu").type == "cpu"
     assert calls == [1]
     if torch.cuda.is_available():
-        assert cliargs.pick_device("cuda").type == "cuda"
+        assert device.pick_device("cuda").type == "cuda"
     else:
         with pytest.raises(TurboGSError):
-            cliargs.pick_device("cuda")
+            device.pick_device("cuda")
     assert calls == [1]

@@ -1,12 +1,12 @@
-"""The _foreach hybrid step (turbogs/hybrid_foreach.py) equals HybridOptimizer.step, one
+"""The _foreach hybrid step (turbogs/optim/hybrid_step.py) equals HybridOptimizer.step, one
 optimizer at a time, bit for bit, on random problems; and takes far fewer ops."""
 
 import pytest
 import torch
 
 from turbogs.bench.audit import OpCounter
-from turbogs.hybrid_foreach import foreach_step
-from turbogs.optim import HybridConfig
+from turbogs.optim.hybrid import HybridConfig
+from turbogs.optim.hybrid_step import foreach_step
 
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "opacities": (), "sh0": (1, 3), "shN": (15, 3)}
 
@@ -91,7 +91,7 @@ def test_foreach_step_takes_few_ops_and_no_read():
 
 @pytest.mark.parametrize("oks", [[None] * 4, [True, False, True, True]])
 def test_fused_adam_all_at_once_equals_each_optimizer_step(oks):
-    from turbogs.optimizers import AdamConfig
+    from turbogs.optim.base import AdamConfig
 
     def train(at_once):
         gen = torch.Generator().manual_seed(3)

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
+
 from turbogs.data.load import load_scene
 from turbogs.data.scene import Camera, Scene
 from turbogs.data.transforms import ngp_scene_box
-from turbogs.init_points import camera_centers_and_axes, focus_point, initial_points, ray_box
+from turbogs.training.init_points import camera_centers_and_axes, focus_point, initial_points, ray_box
 
 _spec = importlib.util.spec_from_file_location("make_captures", REPO / "scenes" / "make_captures.py")
 captures = importlib.util.module_from_spec(_spec)

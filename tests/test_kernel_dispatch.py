@@ -11,17 +11,17 @@ import types
 
 import pytest
 import torch
-
 from test_cli import DEMO, small_demo
 from test_render import HEIGHT, WIDTH, make_camera, make_gaussians
+
 from turbogs import kernels
-from turbogs.config import get_preset
 from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
 from turbogs.kernels import raster_gsplat, turbo_cuda, turbo_torch
 from turbogs.render import render
 from turbogs.tiles import sampled_pixels
-from turbogs.train import RunOptions, Trainer
+from turbogs.training.config import get_preset
+from turbogs.training.trainer import RunOptions, Trainer
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +115,7 @@ def test_warm_up_changes_nothing(tmp_path, preset):
 def test_results_json_records_the_backend(tmp_path):
     out = tmp_path / "model"
     result = subprocess.run(
-        [sys.executable, "-m", "turbogs.cli", "train", str(DEMO), "--steps", "3", "--eval", "--quiet", "--out", str(out)],
+        [sys.executable, "-m", "turbogs", "train", str(DEMO), "--steps", "3", "--eval", "--quiet", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""The package's shape: dependencies run one way, and every module stays readable.
+"""The package's shape: dependencies run one way, down the layers of docs/DESIGN.md, and every
+module stays readable.
 
 The import graph is read from the source with `ast`, imports inside functions included
 (a lazy import hides a cycle from Python, not from a reader). `viewer/` ships as
@@ -13,6 +14,19 @@ from conftest import REPO
 
 MAX_MODULE_LINES = 500
 PACKAGE_DIRS = {"turbogs": REPO / "turbogs", "turbogs.viewer": REPO / "viewer"}
+
+# The layers of docs/DESIGN.md, top first. A part (a package under turbogs/, or a top-level
+# module) may import parts of lower layers only: never its own layer's other parts, never up.
+LAYERS = [
+    ["cli"],
+    ["bench", "viewer"],
+    ["training"],
+    ["evaluate", "turbo", "density", "optim", "distributed"],
+    ["render", "formats"],
+    ["data", "metrics", "kernels"],
+    ["fileio", "tiles", "host_read", "gaussians", "device"],
+    ["errors"],
+]
 
 
 def package_modules(roots: Dict[str, Path]) -> Dict[str, Path]:
@@ -118,3 +132,41 @@ def test_no_module_over_500_lines():
                 for path in package_modules(PACKAGE_DIRS).values()
                 if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert too_long == {}
+
+
+def part_of(module: str) -> str:
+    """turbogs.training.trainer -> training; turbogs.tiles -> tiles; turbogs (the root) -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: Dict[str, Set[str]], layers: List[List[str]]) -> List[str]:
+    depth = {part: i for i, parts in enumerate(layers) for part in parts}
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = part_of(module)
+        for target in sorted(targets):
+            into = part_of(target)
+            if into in (source, "") or source in ("", "__main__"):  # "": the root, turbogs/__init__.py (and _C)
+                continue
+            if source not in depth or into not in depth:
+                found.append(f"{module} -> {target}: a part that has no layer")
+            elif depth[into] <= depth[source]:
+                found.append(f"{module} -> {target}: {source} may not import {into}")
+    return found
+
+
+def test_imports_run_down_the_layers():
+    graph = import_graph(PACKAGE_DIRS)
+    parts = {part_of(module) for module in graph} - {"", "__main__"}
+    assert parts == {part for layer in LAYERS for part in layer}, "every part has exactly one layer"
+    assert layer_violations(graph, LAYERS) == []
+
+
+def test_layer_check_sees_an_upward_import():
+    """The checker itself: an import up, one across a layer, and one into its own package."""
+    graph = {"t.low.a": {"t.high.b"}, "t.high.b": {"t.low.a", "t.high.c"}, "t.high.c": set(), "t.side": {"t.low.a"},
+             "t.other": {"t.side"}}
+    layers = [["high"], ["side", "other"], ["low"]]
+    assert layer_violations(graph, layers) == ["t.low.a -> t.high.b: low may not import high",
+                                               "t.other -> t.side: other may not import side"]

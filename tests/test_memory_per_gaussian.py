@@ -13,12 +13,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from turbogs.config import LearningRates
 from turbogs.density.error_driven import ErrorDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
 from turbogs.gaussians import Gaussians
-from turbogs.optim import HybridConfig
-from turbogs.optimizers import AdamConfig
+from turbogs.optim.base import AdamConfig
+from turbogs.optim.hybrid import HybridConfig
+from turbogs.training.config import LearningRates
 from turbogs.turbo.sampling import ErrorMemory
 
 _spec = importlib.util.spec_from_file_location(

@@ -3,15 +3,15 @@ a run that keeps producing them stops with a TurboGSError and keeps a loadable c
 
 import pytest
 import torch
-
-import turbogs.train as train_module
 from test_cli import small_demo
-from turbogs import checkpoint
-from turbogs.config import get_preset
+
+import turbogs.training.trainer as train_module
 from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
-from turbogs.train import RunOptions, Trainer
-from turbogs.train_run import train
+from turbogs.training import checkpoint
+from turbogs.training.config import get_preset
+from turbogs.training.run import train
+from turbogs.training.trainer import RunOptions, Trainer
 
 
 def quiet(*_):

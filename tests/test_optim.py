@@ -21,7 +21,7 @@ import torch
 from turbogs.density import rows
 from turbogs.errors import TurboGSError
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-from turbogs.optim import HybridConfig, HybridOptimizer, gauss_newton_diagonal_sample, rademacher
+from turbogs.optim.hybrid import HybridConfig, HybridOptimizer, gauss_newton_diagonal_sample, rademacher
 
 
 def running_mean_of_samples(outputs_fn, params, n, seed, checkpoints, **kwargs):

@@ -9,7 +9,6 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO
 
 
@@ -21,7 +20,8 @@ def installed(tmp_path_factory):
     skip = shutil.ignore_patterns("__pycache__", "*.so", "build", "*.egg-info")
     for folder in ("turbogs", "viewer", "cuda"):
         shutil.copytree(REPO / folder, source / folder, ignore=skip)
-    shutil.copy(REPO / "setup.py", source / "setup.py")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     env = {**os.environ, "TURBOGS_NO_CUDA": "1"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(root / "dist")], check=True, env=env, cwd=root)

@@ -1,21 +1,21 @@
 """Views of slightly different sizes (a capture downscaled by 8: 125x82 and 125x83 px) are
-stacked padded to the largest size (turbogs/train_views.py): the turbo step then picks its
+stacked padded to the largest size (turbogs/training/views.py): the turbo step then picks its
 view on the device with no host read, and the padding counts for nothing."""
 
 import dataclasses
 
 import pytest
 import torch
-
 from test_cli import small_demo
+
 from turbogs import host_read
 from turbogs.bench.audit import AuditObserver, OpCounter
-from turbogs.config import get_preset
 from turbogs.data.load import load_scene
 from turbogs.render import render
 from turbogs.tiles import sampled_pixel_values
-from turbogs.train import RunOptions, Trainer
-from turbogs.train_views import TrainingViews, can_pad
+from turbogs.training.config import get_preset
+from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.views import TrainingViews, can_pad
 
 
 def quiet(*_):

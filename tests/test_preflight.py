@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import turbogs.outdir as outdir
 from test_cli import small_demo
-from turbogs import checkpoint, preflight
+
+import turbogs.training.outdir as outdir
 from turbogs.cli import main
-from turbogs.config import get_preset
 from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
 from turbogs.gaussians import Gaussians
-from turbogs.train import Trainer
+from turbogs.training import checkpoint, preflight
+from turbogs.training.config import get_preset
+from turbogs.training.trainer import Trainer
 
 
 def quiet(*_):
@@ -74,7 +74,7 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line(demo, tmp_path, capsys):
 
 def test_data_device_cpu_keeps_images_off_the_compute_device(demo, tmp_path):
     _, scene = demo
-    from turbogs.train import RunOptions
+    from turbogs.training.trainer import RunOptions
 
     trainer = Trainer(scene, get_preset("3dgs").for_run(steps=4), RunOptions(
         out_dir=tmp_path, progress=False, log=quiet, data_device=torch.device("cpu")))

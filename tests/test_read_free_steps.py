@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from turbogs.bench.audit import OpCounter
-from turbogs.curvature import calibration_quantile
-from turbogs.step_clock import StepClock
+from turbogs.optim.curvature import calibration_quantile
 from turbogs.tiles import TILE_SIZE, sampled_pixel_values, sampled_pixels, tile_grid
+from turbogs.training.clock import StepClock
 
 
 def counted(fn, *args, **kwargs):
@@ -75,7 +75,7 @@ def test_calibration_quantile_equals_the_boolean_selection_without_a_read():
 
 def test_hybrid_curvature_update_reads_nothing():
     """update_hessian with calibration (the turbo preset's means) makes no host read."""
-    from turbogs.optim import HybridOptimizer
+    from turbogs.optim.hybrid import HybridOptimizer
 
     torch.manual_seed(0)
     param = torch.nn.Parameter(torch.randn(40, 3))
@@ -136,9 +136,10 @@ def test_step_clock_uses_events_with_one_wait_per_read():
 def test_trainer_clock_settles_at_the_figures_read(tmp_path, monkeypatch):
     """run_step never waits for the device; read_device_figures adds the events' correction."""
     from test_cli import small_demo
-    from turbogs import train
+
     from turbogs.bench.run import BenchSettings, make_trainer, preset_config
     from turbogs.data.load import load_scene
+    from turbogs.training import trainer as train
 
     scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
     settings = BenchSettings(scene=tmp_path / "scene", presets=["3dgs"], out_dir=tmp_path / "out", log=lambda *_: None)

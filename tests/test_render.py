@@ -17,9 +17,9 @@ from gsplat.cuda._torch_impl import _isect_offset_encode, _isect_tiles
 from turbogs import kernels as ops
 from turbogs.data.scene import Camera
 from turbogs.gaussians import SH_C0, Gaussians, num_sh_bases
+from turbogs.kernels import raster_torch as torch_backend
 from turbogs.render import render
 from turbogs.tiles import TILE_SIZE, tile_grid
-from turbogs.kernels import raster_torch as torch_backend
 
 WIDTH, HEIGHT = 40, 30  # 3 x 2 tiles, the last column and row partial
 SH_C1 = 0.4886025119029199
@@ -559,6 +559,7 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
     compositor), it must agree with the torch backend exactly."""
     import gsplat.cuda._torch_impl as reference
     import gsplat.cuda._wrapper as wrapper
+
     from turbogs.kernels import raster_gsplat as gsplat_backend
 
     def projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane):

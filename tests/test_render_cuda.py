@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_render import HEIGHT, WIDTH, make_camera, make_gaussians
 
 from turbogs import kernels as ops
 from turbogs.render import render
 from turbogs.tiles import TILE_SIZE, tile_grid
-
-from test_render import HEIGHT, WIDTH, make_camera, make_gaussians
 
 pytestmark = pytest.mark.cuda  # tests/conftest.py skips these where torch sees no GPU
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from turbogs.running_stats import RunningStats
+from turbogs.training.running_stats import RunningStats
 
 
 def python_reference(steps, refresh_every):

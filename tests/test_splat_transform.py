@@ -18,11 +18,11 @@ import zipfile
 
 import numpy as np
 import pytest
-
-from test_exports import assert_within_sog_error, assert_within_spz_error, random_params, sigmoid, unit
 from conftest import REPO
+from test_exports import assert_within_sog_error, assert_within_spz_error, random_params, sigmoid, unit
+
 from turbogs.formats import sog, spz, write_gaussians
-from turbogs.ply import read_ply, write_ply
+from turbogs.formats.ply import read_ply, write_ply
 
 CLI = REPO / "tests" / ".node" / "node_modules" / ".bin" / "splat-transform"
 N = 1500  # a palette of 1024 SH vectors: k-means has work to do, and stays quick on a CPU

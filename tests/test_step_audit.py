@@ -7,7 +7,7 @@ import statistics
 import torch
 
 from turbogs.bench.audit import AuditObserver, OpCounter, host_read_name, summarize, twins_counted_as_kernels
-from turbogs.step_observer import StepObserver
+from turbogs.training.observer import StepObserver
 
 
 def toy_step(x: torch.Tensor, mask: torch.Tensor) -> None:
@@ -89,7 +89,7 @@ def test_default_observer_does_nothing():
 def test_hybrid_step_masked_by_ok_changes_nothing_and_otherwise_matches():
     """HybridOptimizer.step(ok=False) leaves parameter and state as they were, with no host
     read; ok=True gives bit for bit the update without ok."""
-    from turbogs.optim import HybridOptimizer
+    from turbogs.optim.hybrid import HybridOptimizer
 
     def run(ok_values):
         torch.manual_seed(0)
@@ -122,6 +122,7 @@ def test_hybrid_step_masked_by_ok_changes_nothing_and_otherwise_matches():
 def test_a_3dgs_training_step_reads_nothing(tmp_path):
     """The audit on a real trainer (small demo capture, 3dgs): its ordinary steps make no host read."""
     from test_cli import small_demo
+
     from turbogs.bench.audit import audit_preset
     from turbogs.bench.run import BenchSettings
     from turbogs.data.load import load_scene
@@ -143,7 +144,7 @@ def test_views_picked_on_the_device_match_the_host_path_and_read_nothing():
     """TileSampler with view_on_device draws the same view and tiles as the host path, and
     TrainingViews gives that view's camera, image and mask by an index op, with no host read."""
     from turbogs.data.scene import Camera
-    from turbogs.train_views import TrainingViews
+    from turbogs.training.views import TrainingViews
     from turbogs.turbo import ErrorMemory, TileSampler
 
     torch.manual_seed(0)
@@ -178,6 +179,7 @@ def test_views_picked_on_the_device_match_the_host_path_and_read_nothing():
 
 def test_step_audit_flag_conflicts_are_one_line_errors(tmp_path, capsys):
     from test_cli import DEMO
+
     from turbogs.cli import main
 
     for extra in (["--step-cost"], ["--budget-seconds", "10"]):
@@ -193,10 +195,11 @@ def test_turbo_steps_read_nothing_and_density_steps_read_at_most_twice(tmp_path)
     from dataclasses import replace
 
     from test_cli import small_demo
+
     from turbogs import host_read
     from turbogs.bench.run import BenchSettings, make_trainer
-    from turbogs.config import get_preset
     from turbogs.data.load import load_scene
+    from turbogs.training.config import get_preset
 
     scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
     settings = BenchSettings(scene=tmp_path / "scene", presets=["turbo"], out_dir=tmp_path / "out", log=lambda *_: None)

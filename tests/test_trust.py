@@ -17,19 +17,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_cli import small_demo
 from test_viewer import _viser_client, scene_camera, write_blob_model
-from turbogs import checkpoint
-from turbogs.cli import main
-from turbogs.config import get_preset
-from turbogs.data.load import load_scene
-from turbogs.errors import InputError, TurboGSError
-from turbogs.model import read_cfg_args
-from turbogs.train import RunOptions, Trainer
 from turbogs.viewer import LiveViewer, serve_model
 from turbogs.viewer.model_files import load_model as load_viewer_model
 from turbogs.viewer.server import is_loopback
+
+from turbogs.cli import main
+from turbogs.data.load import load_scene
+from turbogs.errors import InputError, TurboGSError
+from turbogs.formats.model_folder import read_cfg_args
+from turbogs.training import checkpoint
+from turbogs.training.config import get_preset
+from turbogs.training.trainer import RunOptions, Trainer
 
 
 def quiet(*_):

@@ -11,7 +11,6 @@ from turbogs.kernels import turbo_torch as _torch_impl
 from turbogs.tiles import gather_tiles, tile_grid, tile_pixel_index
 from turbogs.turbo.losses import LossConfig, TileLoss
 
-
 # --- an independent reference: explicit loops over tiles, blocks and pixels -------------
 
 

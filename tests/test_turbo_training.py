@@ -3,12 +3,12 @@
 
 import pytest
 import torch
-
 from test_cli import DEMO, small_demo
-from turbogs.config import OPTIMIZER_CONFIGS, get_preset
+
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
-from turbogs.train import RunOptions, Trainer
+from turbogs.training.config import OPTIMIZER_CONFIGS, get_preset
+from turbogs.training.trainer import RunOptions, Trainer
 
 
 def quiet(*_):

@@ -15,20 +15,24 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
-from turbogs.data.scene import Camera
-from turbogs.errors import InputError, TurboGSError
-from turbogs.gaussians import SH_C0
-from turbogs.ply import write_ply
-
 from turbogs.viewer import LiveViewer, ViewerServer, serve_model
 from turbogs.viewer.cameras import read_cameras_json
 from turbogs.viewer.heatmap import error_overlay
 from turbogs.viewer.model_files import load_model
 from turbogs.viewer.server import find_free_port
-from turbogs.viewer.server_render import camera_from_viewer, gaussians_from_params, maybe_add_server_rendering, render_rgb
-from turbogs.data.colmap import qvec_to_rotmat
+from turbogs.viewer.server_render import (
+    camera_from_viewer,
+    gaussians_from_params,
+    maybe_add_server_rendering,
+    render_rgb,
+)
 from turbogs.viewer.splats import splats_from_params
+
+from turbogs.data.colmap import qvec_to_rotmat
+from turbogs.data.scene import Camera
+from turbogs.errors import InputError, TurboGSError
+from turbogs.formats.ply import write_ply
+from turbogs.gaussians import SH_C0
 
 # --- fixtures: a blob model in front of one camera ------------------------------------
 
@@ -569,8 +573,9 @@ def test_train_with_viewer_closes_the_viewer_when_training_ends(tmp_path, monkey
     its port freed, so the process exits. Without --no-block it first serves the final
     model until Ctrl-C (here a serve_forever that returns at once)."""
     import turbogs.viewer
-    from turbogs.cli import main
     from turbogs.viewer.server import _can_bind
+
+    from turbogs.cli import main
 
     made, served = [], []
 

@@ -15,10 +15,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
 from browser import chromium_page, require_browser, save_artifact, screenshot_rgb
 from test_viewer import BLOBS, CAMERA_F, CAMERA_H, blob_params, scene_camera, write_blob_model
-
 from turbogs.viewer import LiveViewer, serve_model
 
 VIEW_W, VIEW_H = 1280, 720  # the control panel sits at the right edge, x > ~940

@@ -15,12 +15,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from browser import chromium_page, require_browser, save_artifact, screenshot_rgb
 from test_trust import wait_until
 from test_viewer import scene_camera
 from test_viewer_browser import VIEW_H, VIEW_W, dom_step, start_fake_training, wait_for_step_change
-
 from turbogs.viewer import LiveViewer
 
 

@@ -15,29 +15,15 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-import cv2
 import numpy as np
 import torch
 
-from turbogs.appearance import affine_color_fit
-from turbogs.atomic import atomic_path, atomic_write_json
 from turbogs.data.scene import Camera
+from turbogs.fileio import atomic_write_json
 from turbogs.gaussians import Gaussians
-from turbogs.metrics import lpips_or_none, lpips_unavailable_reason, psnr, ssim
+from turbogs.metrics import affine_color_fit, lpips_or_none, lpips_unavailable_reason, psnr, ssim
 from turbogs.render import render
-
-
-def to_uint8(image: torch.Tensor) -> np.ndarray:
-    """[H, W, 3] float in [0, 1] -> BGR uint8 for cv2.imwrite."""
-    rgb = (image.detach().clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
-    return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
-
-
-def write_png(path: Path, image: torch.Tensor) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        if not cv2.imwrite(str(tmp), to_uint8(image)):
-            raise OSError(f"could not write {path}")
+from turbogs.render.png import write_png
 
 
 @torch.no_grad()

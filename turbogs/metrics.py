@@ -1,4 +1,5 @@
-"""Image quality metrics: PSNR, SSIM (INRIA's exact convention), LPIPS-VGG if available.
+"""Image quality metrics: PSNR, SSIM (INRIA's exact convention), LPIPS-VGG if available, and the
+affine colour fit behind the colour-corrected PSNR.
 
 Images are channel-last, [H, W, C] (or [B, H, W, C]) with values in [0, 1], the layout
 the renderer produces.
@@ -17,9 +18,9 @@ says why, so a caller can print "LPIPS skipped: <reason>".
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
-import functools
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,3 +234,20 @@ def lpips_or_none(device: Union[str, torch.device] = "cpu") -> Optional[LPIPS]:
     if lpips_unavailable_reason() is not None:
         return None
     return LPIPS(device)
+
+
+def affine_color_fit(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`image` after the least-squares affine colour map (3x3 + bias) that best matches `gt`
+    over the valid pixels, clamped to [0, 1]: the render as the photo's exposure and white
+    balance would show it, for the colour-corrected PSNR."""
+    x = image.reshape(-1, 3).double()
+    y = gt.reshape(-1, 3).double()
+    rows = torch.ones(len(x), dtype=torch.bool, device=x.device) if mask is None else mask.reshape(-1) > 0.5
+    design = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype, device=x.device)], dim=1)
+    if int(rows.sum()) < 4:
+        return image.clamp(0, 1)
+    # Normal equations with a tiny ridge: a flat image (rank-deficient) still solves.
+    a = design[rows]
+    gram = a.T @ a + 1e-8 * torch.eye(4, dtype=x.dtype, device=x.device)
+    coefficients = torch.linalg.solve(gram, a.T @ y[rows])
+    return (design @ coefficients).reshape(image.shape).clamp(0, 1).to(image.dtype)

@@ -17,8 +17,8 @@ import cv2
 import numpy as np
 import viser.transforms as vtf
 
-from turbogs.atomic import read_json
 from turbogs.errors import InputError
+from turbogs.fileio import read_json
 
 THUMBNAIL_MAX_SIDE = 192  # pixels; enough to recognise a view, small enough to send hundreds
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".JPG", ".JPEG", ".PNG", ".webp", ".bmp", ".tif", ".tiff")

@@ -20,7 +20,7 @@ import numpy as np
 
 from turbogs.errors import InputError, TurboGSError
 from turbogs.formats import READABLE_SUFFIXES, read_gaussians
-from turbogs.model import find_model_ply, read_cfg_args
+from turbogs.formats.model_folder import find_model_ply, read_cfg_args
 
 from .cameras import ViewCamera, read_cameras_json
 

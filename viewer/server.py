@@ -25,8 +25,8 @@ import cv2
 import numpy as np
 import viser
 
-from turbogs.atomic import atomic_path
 from turbogs.errors import TurboGSError
+from turbogs.fileio import atomic_path
 
 from .cameras import ViewCamera
 from .splats import Splats, robust_bounds

@@ -45,7 +45,7 @@ def to_numpy(x) -> np.ndarray:
 
 def splats_from_params(params: Mapping[str, object]) -> Splats:
     """Activate a raw parameter dict (numpy arrays or torch tensors, as stored by
-    `Gaussians.raw()` or returned by `turbogs.ply.read_ply`)."""
+    `Gaussians.raw()` or returned by `turbogs.formats.ply.read_ply`)."""
     means = to_numpy(params["means"]).reshape(-1, 3)
     n = means.shape[0]
     log_scales = to_numpy(params["scales"]).reshape(n, 3)

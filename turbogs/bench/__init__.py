@@ -31,17 +31,17 @@ presets). On the CPU it is approximate: memory freed by an earlier preset can be
 by the allocator without showing as growth.
 
 Modules: run.py (the runs, timed and metered), report.py (time to PSNR, speedups,
-bench.md), plot.py (psnr_vs_time.png), step_cost.py (--step-cost), command.py (the flags).
+bench.md), plot.py (psnr_vs_time.png), step_cost.py (--step-cost), audit.py (--step-audit);
+the flags are turbogs/cli/bench.py.
 """
 
-from turbogs.bench.command import add_bench_parser, main
 from turbogs.bench.plot import CURVE_COLORS, PLOT_SIZE, draw_psnr_plot, nice_ticks
 from turbogs.bench.report import PSNR_TOLERANCE_DB, markdown_report, speedups, time_to_psnr
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench, split_steps
 from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_step_cost
 
 __all__ = [
-    "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "add_bench_parser", "draw_psnr_plot", "main",
+    "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "draw_psnr_plot",
     "markdown_report", "nice_ticks", "parse_presets", "random_tile_mask", "replicated_gaussians", "run_bench",
     "run_step_cost", "speedups", "split_steps", "time_to_psnr",
 ]

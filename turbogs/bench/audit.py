@@ -40,11 +40,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from turbogs import host_read
-from turbogs.atomic import atomic_write_json
 from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, split_steps
-from turbogs.config import get_preset
-from turbogs.outdir import check_output_dir
-from turbogs.step_observer import StepObserver
+from turbogs.fileio import atomic_write_json
+from turbogs.training.config import get_preset
+from turbogs.training.observer import StepObserver
+from turbogs.training.outdir import check_output_dir
 
 AUDIT_STEPS = 100  # steps counted by default
 SCHEDULE_STEPS = 1000  # the run's schedule (as bench --steps 1000), so density control runs

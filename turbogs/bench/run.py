@@ -19,15 +19,15 @@ import torch
 from tqdm import tqdm
 
 from turbogs import kernels
-from turbogs.atomic import atomic_path, atomic_write_json, atomic_write_text
 from turbogs.bench.plot import draw_psnr_plot
 from turbogs.bench.report import PSNR_TOLERANCE_DB, fmt, markdown_report, speedups
-from turbogs.config import TrainConfig, get_preset
 from turbogs.data.scene import Scene
 from turbogs.errors import InputError
 from turbogs.evaluate import evaluate_views
-from turbogs.outdir import check_output_dir
-from turbogs.train import RunOptions, Trainer, synchronize
+from turbogs.fileio import atomic_path, atomic_write_json, atomic_write_text
+from turbogs.training.config import TrainConfig, get_preset
+from turbogs.training.outdir import check_output_dir
+from turbogs.training.trainer import RunOptions, Trainer, synchronize
 
 WARMUP_STEPS = 3  # untimed steps before the first preset (see warm_up)
 

@@ -11,13 +11,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from turbogs.atomic import atomic_write_json, atomic_write_text
 from turbogs import kernels
 from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, preset_config
-from turbogs.config import get_preset
+from turbogs.fileio import atomic_write_json, atomic_write_text
 from turbogs.gaussians import Gaussians
-from turbogs.outdir import check_output_dir
-from turbogs.train import initial_gaussians, synchronize
+from turbogs.training.config import get_preset
+from turbogs.training.outdir import check_output_dir
+from turbogs.training.trainer import initial_gaussians, synchronize
 
 STEP_COST_FRACTIONS = (1.0, 0.5, 0.25)
 

@@ -19,8 +19,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-from turbogs.atomic import atomic_path
 from turbogs.errors import InputError, TurboGSError
+from turbogs.fileio import atomic_path
 
 # A corrupt image is reported once, by us, in one line; OpenCV's own C++ log would add more.
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)

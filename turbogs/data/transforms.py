@@ -22,9 +22,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from turbogs.atomic import read_json
 from turbogs.data.images import Intrinsics, ViewSpec, find_mask, is_file
 from turbogs.errors import InputError
+from turbogs.fileio import read_json
 
 # OpenGL camera axes -> OpenCV camera axes: flip y and z.
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])

@@ -36,8 +36,8 @@ import cv2
 import numpy as np
 import torch
 
-from turbogs.atomic import atomic_path
 from turbogs.errors import InputError
+from turbogs.fileio import atomic_path
 
 VERSION = 2
 REST_PER_BANDS = {0: 0, 1: 3, 2: 8, 3: 15}

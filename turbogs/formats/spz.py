@@ -37,8 +37,8 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from turbogs.atomic import atomic_write_bytes
 from turbogs.errors import InputError
+from turbogs.fileio import atomic_write_bytes
 
 MAGIC = 0x5053474E
 VERSION = 3

@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
 from turbogs.kernels.projection_torch import covariance, perspective_projection, world_to_camera
 from turbogs.kernels.projection_torch import spherical_harmonics as _spherical_harmonics
 

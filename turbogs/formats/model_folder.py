@@ -22,10 +22,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from turbogs.atomic import atomic_write_json, atomic_write_text
 from turbogs.data.scene import Camera, Scene
 from turbogs.errors import InputError
-from turbogs.ply import write_ply, write_points_ply
+from turbogs.fileio import atomic_write_json, atomic_write_text
+from turbogs.formats.ply import write_ply, write_points_ply
 
 
 def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool) -> None:

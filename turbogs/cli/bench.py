@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from pathlib import Path
-from typing import List, Optional
 
+from turbogs import kernels
 from turbogs.bench.audit import run_step_audit
 from turbogs.bench.report import PSNR_TOLERANCE_DB
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench
 from turbogs.bench.step_cost import run_step_cost
-from turbogs import kernels
-from turbogs.cliargs import add_device, add_torch_twins, pick_device, positive_float, positive_int, resolution_arg, run_command
-from turbogs.config import ABLATIONS, PRESETS
+from turbogs.cli.args import (
+    add_device,
+    add_torch_twins,
+    positive_float,
+    positive_int,
+    resolution_arg,
+)
+from turbogs.device import pick_device
 from turbogs.errors import InputError
+from turbogs.training.config import ABLATIONS, PRESETS
 
-# --- command line -------------------------------------------------------------------
 
-
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `bench` to the `turbogs` command line (subparsers of cli.build_parser)."""
-    p = subparsers.add_parser(
+def add_parser(subcommands) -> None:
+    p = subcommands.add_parser(
         "bench", help="train presets side by side and compare their time to quality",
         description="Train each preset on the same scene and split, evaluate the test views at fixed points of "
                     "training time, and write bench.json, bench.md and psnr_vs_time.png.")
@@ -60,11 +62,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
                    help="views per optimizer step, as turbogs train --batch-views (default 1)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench)
-    return p
+    p.set_defaults(func=run)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     argv = args.argv
     if args.step_cost and args.step_audit:
         raise InputError("bench: --step-cost and --step-audit are separate measurements; give one")
@@ -110,11 +111,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"({s['speedup']:.2f}x) of its {s['reference_run_seconds']:.1f} s ({s['speedup_vs_run']:.2f}x)")
     print(f"wrote {settings.out_dir / 'bench.json'}, bench.md and psnr_vs_time.png")
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m turbogs.bench SCENE ...`: the bench command on its own, as `turbogs bench` runs it."""
-    parser = argparse.ArgumentParser(prog="turbogs")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_parser(sub)
-    return run_command(parser, ["bench", *map(str, sys.argv[1:] if argv is None else argv)])

@@ -12,7 +12,8 @@ import sys
 from typing import List
 
 from turbogs.errors import TurboGSError
-from turbogs.host_memory import keep_freed_memory
+
+DEFAULT_PORT = 8080
 
 
 def resolution_arg(text: str) -> int:
@@ -53,21 +54,6 @@ def port_arg(text: str) -> int:
     return value
 
 
-def pick_device(name: str, threads: int = 1):
-    """The torch device for --device, and the CPU thread count: on CPU this workload is many
-    small ops, which run several times faster on one thread than fighting over two."""
-    import torch
-
-    torch.set_num_threads(threads)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TurboGSError("--device cuda: no CUDA GPU is visible to torch (is this a CPU build of torch?)")
-    if name == "cpu":  # the CPU path's tensors come from malloc: keep them from page-faulting (host_memory.py)
-        keep_freed_memory()
-    return torch.device(name)
-
-
 def add_torch_twins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-twins", action="store_true",
                    help="on CUDA, run TurboGS's own ops (error memory, sampling, tile loss) as their torch twins "
@@ -80,6 +66,16 @@ def add_device(p: argparse.ArgumentParser) -> None:
                    help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
+
+
+def add_server(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=port_arg, default=DEFAULT_PORT,
+                   help=f"port of the web viewer (default {DEFAULT_PORT}; the next free one if taken)")
+    p.add_argument("--viewer-control", action="store_true",
+                   help="off loopback, let every browser that reaches the viewer use its controls (pause/resume/stop "
+                        "training, screenshots); without it such a viewer is read-only. On loopback they always work")
 
 
 def run_command(parser: argparse.ArgumentParser, argv: List[str]) -> int:

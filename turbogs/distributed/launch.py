@@ -20,7 +20,7 @@ import sys
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from turbogs.distributed import LAUNCHED_BY_TURBOGS
+from turbogs.distributed.world import LAUNCHED_BY_TURBOGS
 from turbogs.errors import TurboGSError
 
 

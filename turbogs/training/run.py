@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from turbogs import checkpoint, model
-from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.errors import TurboGSError
-from turbogs.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
-from turbogs.preflight import check_memory, disk_bytes_needed
-from turbogs.train import RunOptions, Trainer
+from turbogs.formats import model_folder as model
+from turbogs.training import checkpoint
+from turbogs.training.config import TrainConfig
+from turbogs.training.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
+from turbogs.training.preflight import check_memory, disk_bytes_needed
+from turbogs.training.trainer import RunOptions, Trainer
 
 
 def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> None:

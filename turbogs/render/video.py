@@ -1,4 +1,4 @@
-"""Fly-through videos: render a camera path (turbogs.camera_paths) to MP4 and/or PNG frames.
+"""Fly-through videos: render a camera path (turbogs.render.camera_paths) to MP4 and/or PNG frames.
 
 The training cameras come from the model's cameras.json (INRIA layout: camera-to-world
 rotation and position, fx, fy, width, height), so a video needs no training images. The frames
@@ -23,9 +23,9 @@ import cv2
 import numpy as np
 import torch
 
-from turbogs.atomic import atomic_path
 from turbogs.data.scene import Camera
 from turbogs.errors import InputError, TurboGSError
+from turbogs.fileio import atomic_path
 
 FOURCC = "mp4v"
 
@@ -89,9 +89,9 @@ def camera_at(pose: np.ndarray, intrinsics: Intrinsics, name: str) -> Camera:
 
 
 def path_cameras(model: Path, kind: str, frames: int, width: Optional[int], scene=None) -> List[Camera]:
-    """The cameras of a `kind` path (turbogs.camera_paths) around the model's training cameras:
+    """The cameras of a `kind` path (turbogs.render.camera_paths) around the model's training cameras:
     those of `scene` when given (--source), else the model's cameras.json."""
-    from turbogs.camera_paths import camera_path
+    from turbogs.render.camera_paths import camera_path
 
     if scene is not None:
         poses, intrinsics = poses_from_cameras(scene.train)
@@ -112,8 +112,8 @@ def render_path(gaussians, cameras: List[Camera], background: torch.Tensor, vide
     """Render every camera; stream the frames into `video` (MP4) and/or PNGs in `frames_dir`."""
     from tqdm import tqdm
 
-    from turbogs.evaluate import to_uint8, write_png
     from turbogs.render import render
+    from turbogs.render.png import to_uint8, write_png
 
     if frames_dir is not None:
         frames_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ the 3DGS in-the-wild papers' appearance embeddings do, in their simplest affine 
 - Its own small Adam, one parameter pair per image, so a step moves only the image it
   rendered.
 - Only training images have one. Test views, the viewer and the exports show the
-  uncorrected model; `affine_color_fit` gives the colour-corrected test metric
+  uncorrected model; `metrics.affine_color_fit` gives the colour-corrected test metric
   (`psnr_cc`) the in-the-wild benchmarks report instead.
 """
 
@@ -58,7 +58,7 @@ class Appearance(torch.nn.Module):
 
     def step(self, ok: Optional[torch.Tensor] = None) -> None:
         """`ok`: a device bool; where False (a non-finite step) nothing changes, with no host read
-        (fused Adam's found_inf, as in turbogs.optimizers).
+        (fused Adam's found_inf, as in turbogs.optim.base).
         Only the rendered view has a gradient; Adam skips the others (grad None). Then the
         transforms are re-centred so that their mean is the identity: a colour shift common
         to all photos belongs to the scene, not to the corrections (measured without this:
@@ -90,23 +90,6 @@ class Appearance(torch.nn.Module):
 
 
 @torch.no_grad()
-def affine_color_fit(image: torch.Tensor, gt: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`image` after the least-squares affine colour map (3x3 + bias) that best matches `gt`
-    over the valid pixels, clamped to [0, 1]: the render as the photo's exposure and white
-    balance would show it, for the colour-corrected PSNR."""
-    x = image.reshape(-1, 3).double()
-    y = gt.reshape(-1, 3).double()
-    rows = torch.ones(len(x), dtype=torch.bool, device=x.device) if mask is None else mask.reshape(-1) > 0.5
-    design = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype, device=x.device)], dim=1)
-    if int(rows.sum()) < 4:
-        return image.clamp(0, 1)
-    # Normal equations with a tiny ridge: a flat image (rank-deficient) still solves.
-    a = design[rows]
-    gram = a.T @ a + 1e-8 * torch.eye(4, dtype=x.dtype, device=x.device)
-    coefficients = torch.linalg.solve(gram, a.T @ y[rows])
-    return (design @ coefficients).reshape(image.shape).clamp(0, 1).to(image.dtype)
-
-
 def load_appearance(appearance: Optional[Appearance], state: Optional[dict]) -> None:
     """Restore a checkpoint's transforms; a run and its checkpoint must agree on --appearance."""
     if (appearance is None) != (state is None):

@@ -123,3 +123,21 @@ class TrainingViews:
             return camera, pick(self.image_stack), None if self.mask_stack is None else pick(self.mask_stack)
         mask = self.masks[view]
         return self.cameras[view], self.images[view].to(self.device), None if mask is None else mask.to(self.device)
+
+
+class ViewOrder:
+    """INRIA's camera order: a fresh random permutation of the training views each epoch."""
+
+    def __init__(self, num_views: int, generator: torch.Generator):
+        self.num_views, self.generator, self.queue = num_views, generator, []
+
+    def next(self) -> int:
+        if not self.queue:
+            self.queue = torch.randperm(self.num_views, generator=self.generator).tolist()
+        return self.queue.pop()
+
+    def state_dict(self) -> dict:
+        return {"queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = list(state["queue"])

@@ -127,10 +127,10 @@ from typing import ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from turbogs.curvature import calibration_quantile, gauss_newton_diagonal_sample, rademacher
 from turbogs.errors import TurboGSError
-from turbogs.hybrid_foreach import foreach_step
-from turbogs.optimizers import OptimizerConfig, Optimizers, clear_grads
+from turbogs.optim.base import OptimizerConfig, Optimizers, clear_grads
+from turbogs.optim.curvature import calibration_quantile, gauss_newton_diagonal_sample, rademacher
+from turbogs.optim.hybrid_step import foreach_step
 
 __all__ = ["HybridConfig", "HybridOptimizer", "gauss_newton_diagonal_sample", "rademacher"]
 
@@ -190,7 +190,7 @@ class HybridConfig(OptimizerConfig):
                     row_bias_correction=self.row_bias_correction, max_lengthening=self.max_lengthening,
                     calibration_quantile=self.calibration_quantile if curved else None)
 
-    # --- the optimizer hooks (turbogs/optimizers.py) --------------------------------------
+    # --- the optimizer hooks (turbogs/optim/base.py) --------------------------------------
     def build(self, params: Mapping[str, torch.Tensor], rates: Mapping[str, float]) -> Optimizers:
         unknown = sorted(set(self.curvature_on) - set(params))
         if unknown:

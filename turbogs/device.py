@@ -1,4 +1,5 @@
-"""Keep freed CPU memory inside the process, so that a CPU training step stops page-faulting.
+"""The device a command computes on: `pick_device`, and on the CPU a malloc that keeps freed
+memory inside the process, so that a CPU training step stops page-faulting.
 
 Why: a step on the CPU allocates and frees the same few hundred tensors every time, and glibc's
 malloc gives the freed top of its heap back to the kernel as soon as more than its trim
@@ -27,6 +28,8 @@ from __future__ import annotations
 import ctypes
 import sys
 
+from turbogs.errors import TurboGSError
+
 # glibc's <malloc.h> option numbers.
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 _MIB = 1 << 20
@@ -46,3 +49,18 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all(mallopt(option, value) == 1 for option, value in SETTINGS)
+
+
+def pick_device(name: str, threads: int = 1):
+    """The torch device for --device, and the CPU thread count: on CPU this workload is many
+    small ops, which run several times faster on one thread than fighting over two."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TurboGSError("--device cuda: no CUDA GPU is visible to torch (is this a CPU build of torch?)")
+    if name == "cpu":  # the CPU path's tensors come from malloc: keep them from page-faulting (keep_freed_memory below)
+        keep_freed_memory()
+    return torch.device(name)

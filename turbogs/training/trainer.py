@@ -6,7 +6,7 @@ One step is the algorithm of the paper, in order:
     -> sum over the ranks -> error memory -> optimizer step -> density control (grow/prune on schedule)
 
 A step trains one view, or several: `--batch-views B` on one process, `--nproc R` ranks of B
-views each (turbogs/multiview.py says how the views are shared out and summed).
+views each (turbogs/distributed/multiview.py says how the views are shared out and summed).
 
 Around it: learning-rate and SH schedules, a progress bar, checkpoints by wall
 clock (so a killed run can `--resume`), and at the end the model in INRIA's layout and
@@ -24,27 +24,29 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm import tqdm
 
-from turbogs import checkpoint, kernels, model
-from turbogs.appearance import Appearance, load_appearance
-from turbogs.atomic import atomic_write_json
-from turbogs.config import TrainConfig
+from turbogs import kernels
 from turbogs.data.scene import Scene
-from turbogs.dense_loss import photometric_loss
 from turbogs.density.base import DensityStep
-from turbogs.distributed import LOCAL, World, parameter_checksum
+from turbogs.distributed.multiview import ViewResult, combine, rank_slots, slot_generator
+from turbogs.distributed.world import LOCAL, World, parameter_checksum
 from turbogs.errors import TurboGSError
 from turbogs.evaluate import evaluate_views, write_evaluation
+from turbogs.fileio import atomic_write_json
+from turbogs.formats import model_folder as model
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-from turbogs.init_points import initial_points
 from turbogs.metrics import sampled_psnr_tensor
-from turbogs.multiview import ViewResult, combine, rank_slots, slot_generator
-from turbogs.optimizers import load_keeping_settings
+from turbogs.optim.base import load_keeping_settings
 from turbogs.render import render
-from turbogs.running_stats import RunningStats
-from turbogs.step_clock import StepClock
-from turbogs.step_observer import StepObserver
 from turbogs.tiles import TILE_SIZE, sampled_pixel_values, tile_grid
-from turbogs.train_views import TrainingViews
+from turbogs.training import checkpoint
+from turbogs.training.appearance import Appearance, load_appearance
+from turbogs.training.clock import StepClock
+from turbogs.training.config import TrainConfig
+from turbogs.training.dense_loss import photometric_loss
+from turbogs.training.init_points import initial_points
+from turbogs.training.observer import StepObserver
+from turbogs.training.running_stats import RunningStats
+from turbogs.training.views import TrainingViews, ViewOrder
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
@@ -108,24 +110,6 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so that a clock read after it includes that work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class ViewOrder:
-    """INRIA's camera order: a fresh random permutation of the training views each epoch."""
-
-    def __init__(self, num_views: int, generator: torch.Generator):
-        self.num_views, self.generator, self.queue = num_views, generator, []
-
-    def next(self) -> int:
-        if not self.queue:
-            self.queue = torch.randperm(self.num_views, generator=self.generator).tolist()
-        return self.queue.pop()
-
-    def state_dict(self) -> dict:
-        return {"queue": list(self.queue)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.queue = list(state["queue"])
 
 
 # --- the run ----------------------------------------------------------------------

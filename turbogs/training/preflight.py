@@ -20,9 +20,9 @@ from typing import Dict, Optional
 
 import torch
 
-from turbogs.config import TrainConfig
 from turbogs.data.scene import Scene
 from turbogs.errors import TurboGSError
+from turbogs.training.config import TrainConfig
 
 FLOAT_BYTES = 4
 # Per Gaussian, besides its parameters: the projected 2D quantities a render produces

@@ -4,7 +4,7 @@ Why data-parallel, and why this shape (docs/SCALING.md): every rank holds all th
 and renders different training views; one all-reduce of a flat buffer per step sums the
 gradients and the density statistics, so every rank steps, grows and prunes identically.
 Nothing here is home-made networking: it is torch.distributed (NCCL on CUDA, gloo on CPU),
-started by torchrun or by `turbogs train --nproc N` (turbogs/launch.py), which set RANK,
+started by torchrun or by `turbogs train --nproc N` (turbogs/distributed/launch.py), which set RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 
 A single process is a `World` of size 1: every collective returns its input untouched, so the
@@ -21,7 +21,7 @@ import torch
 
 from turbogs.errors import TurboGSError
 
-# Set in the ranks' environment by `turbogs train --nproc` (turbogs/launch.py), which reports a
+# Set in the ranks' environment by `turbogs train --nproc` (turbogs/distributed/launch.py), which reports a
 # rank that died itself.
 LAUNCHED_BY_TURBOGS = "TURBOGS_NPROC_LAUNCHER"
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from turbogs.distributed import World
+from turbogs.distributed.world import World
 
 
 @dataclass

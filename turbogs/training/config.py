@@ -10,13 +10,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Type
 
-from turbogs.appearance import AppearanceConfig
 from turbogs.density.base import DensityConfig
 from turbogs.density.error_driven import ErrorDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
 from turbogs.errors import TurboGSError
-from turbogs.optim import HybridConfig
-from turbogs.optimizers import AdamConfig, OptimizerConfig
+from turbogs.optim.base import AdamConfig, OptimizerConfig
+from turbogs.optim.hybrid import HybridConfig
+from turbogs.training.appearance import AppearanceConfig
 from turbogs.turbo.losses import LossConfig
 from turbogs.turbo.sampling import SamplerConfig
 

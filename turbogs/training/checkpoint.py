@@ -23,8 +23,8 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from turbogs.atomic import atomic_path
 from turbogs.errors import TurboGSError
+from turbogs.fileio import atomic_path
 
 KEEP = 2
 FORMAT_VERSION = 1

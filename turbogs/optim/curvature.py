@@ -1,4 +1,4 @@
-"""The curvature estimate of the hybrid optimizer (turbogs/optim.py): a Gauss-Newton diagonal
+"""The curvature estimate of the hybrid optimizer (turbogs/optim/hybrid.py): a Gauss-Newton diagonal
 from one first-order backward pass, and the quantile that calibrates its unknown scale.
 
 Apart from the optimizer because it is a different idea: the estimator needs only autograd

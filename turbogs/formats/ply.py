@@ -26,8 +26,8 @@ from typing import Dict, List, Tuple, Union
 import numpy as np
 from plyfile import PlyData, PlyElement
 
-from turbogs.atomic import atomic_path, atomic_write_bytes
 from turbogs.errors import InputError
+from turbogs.fileio import atomic_path, atomic_write_bytes
 from turbogs.gaussians import SH_C0
 
 PathLike = Union[str, "os.PathLike[str]"]

@@ -1,0 +1,243 @@
+"""`turbogs train SCENE`: a capture into an INRIA-layout model folder, on one process or
+several ranks (--nproc, torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from turbogs.cli.args import (
+    add_device,
+    add_server,
+    add_torch_twins,
+    positive_float,
+    positive_int,
+    resolution_arg,
+)
+from turbogs.device import pick_device
+from turbogs.errors import TurboGSError
+
+
+def add_parser(subcommands) -> None:
+    p = subcommands.add_parser("train", help="train a capture (COLMAP or transforms.json) into a model folder",
+                       description="Train a capture into an INRIA-layout model folder.")
+    _capture_flags(p)
+    _run_length_flags(p)
+    add_device(p)
+    add_torch_twins(p)
+    p.add_argument("--seed", type=int, default=0, help="random seed; a seeded CPU run is reproducible (default 0)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished model in --out (the old one stays until the new one is written)")
+    _model_flags(p)
+    _checkpoint_flags(p)
+    _memory_flags(p)
+    _ablation_flags(p)
+    _rank_flags(p)
+    _viewer_flags(p)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _capture_flags(p: argparse.ArgumentParser) -> None:
+    """What to train on: the capture, its images, split and background."""
+    p.add_argument("scene", help="capture folder: COLMAP (sparse/ + images/) or transforms.json / NeRF-synthetic")
+    p.add_argument("--out", "-o", "-m", help="model folder to write (default: output/<scene name>)")
+    p.add_argument("-r", "--resolution", type=resolution_arg,
+                   help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px wide)")
+    p.add_argument("--images", default="images", help="image folder inside the capture (default: images)")
+    p.add_argument("--eval", action="store_true",
+                   help="hold out every 8th image (name order) as a test view and report PSNR/SSIM at the end")
+    p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white, render on white")
+
+
+def _run_length_flags(p: argparse.ArgumentParser) -> None:
+    """The recipe and how long it runs."""
+    p.add_argument("--preset", default="turbo", choices=["turbo", "3dgs"],
+                   help="training recipe: turbo (all four TurboGS parts, 100 s budget) or 3dgs (vanilla INRIA "
+                        "baseline, 30000 steps) (default: turbo)")
+    p.add_argument("--steps", type=positive_int,
+                   help="number of optimisation steps (default: the preset's); alone, it replaces the time budget")
+    p.add_argument("--budget-seconds", type=positive_float, metavar="S",
+                   help="train for S seconds of training time; every schedule follows the elapsed fraction "
+                        "(default: 100 for turbo, none for 3dgs)")
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """What the model may hold."""
+    p.add_argument("--sh-degree", type=int, choices=[0, 1, 2, 3], help="maximum spherical-harmonics degree (default 3)")
+    p.add_argument("--init-points", type=positive_int,
+                   help="initial points along the camera rays when the capture has none (default 100000)")
+    p.add_argument("--max-gaussians", type=positive_int, help="never grow beyond this many Gaussians")
+    p.add_argument("--appearance", action="store_true",
+                   help="learn a colour transform (3x3 + bias) per training photo, for photos that differ in exposure "
+                        "and white balance; test views, viewer and exports show the uncorrected model")
+
+
+def _checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    """How often a resumable checkpoint is written."""
+    p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                   help="write a resumable checkpoint this often, in seconds of wall time (default 60)")
+    p.add_argument("--checkpoint-every-steps", type=positive_int, metavar="N",
+                   help="also write a checkpoint every N steps (default: by wall time only)")
+
+
+def _memory_flags(p: argparse.ArgumentParser) -> None:
+    """Where the images live, and the memory a run may ask for."""
+    p.add_argument("--data-device", choices=["auto", "cpu"], default="auto",
+                   help="where the training images live: auto = with the model, cpu = in CPU memory, moved to the "
+                        "GPU one view per step (saves GPU memory on large captures)")
+    p.add_argument("--max-memory", type=positive_float, metavar="GB",
+                   help="refuse to start when the memory estimate exceeds GB gibibytes per device "
+                        "(rehearse a smaller machine; default: what the device has free)")
+
+
+def _ablation_flags(p: argparse.ArgumentParser) -> None:
+    """Single TurboGS parts switched off or swapped, on top of any preset."""
+    p.add_argument("--no-sparse", action="store_true", help="ablation: render every tile of every step")
+    p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
+    p.add_argument("--density", choices=["3dgs", "error"], help="density control: INRIA's gradient rule or error-driven")
+    p.add_argument("--optimizer", choices=["adam", "hybrid"], help="Adam, or the hybrid Hessian-informed/Adam optimizer")
+
+
+def _rank_flags(p: argparse.ArgumentParser) -> None:
+    """Several views per step: ranks (--nproc) and views per rank."""
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                   help="data-parallel: N ranks on this machine, one view each per step (one GPU each on CUDA; "
+                        "gloo on CPU). Across machines: torchrun --nnodes M --nproc_per_node N -m turbogs train ...")
+    p.add_argument("--batch-views", type=positive_int, default=1, metavar="B",
+                   help="views per optimizer step on each rank (their mean loss; the optimizer set by --batch-lr, "
+                        "schedules counted in views). --steps counts optimizer steps")
+    p.add_argument("--batch-lr", choices=["grendel", "sqrt", "none"], default=None,  # config.BATCH_LR_RULES
+                   help="the optimizer for V views per step: grendel = Grendel-GS's rule (learning rates x "
+                        "sqrt(V), Adam's moments and the curvature average counted in views; turbo's default), "
+                        "sqrt = learning rates x sqrt(V) only (3dgs's default), none = unchanged")
+
+
+def _viewer_flags(p: argparse.ArgumentParser) -> None:
+    """The live viewer."""
+    p.add_argument("--viewer", action="store_true", help="watch training live in the browser")
+    add_server(p)
+    p.add_argument("--no-block", action="store_true", help="with --viewer: exit when training ends instead of serving on")
+
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from turbogs.distributed import world as distributed
+
+    out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
+    if args.nproc > 1 and not distributed.launched_by_torchrun():
+        from turbogs.distributed.launch import run_ranks, strip_nproc
+        from turbogs.training.checkpoint import checkpoint_dir
+
+        return run_ranks(args.nproc, strip_nproc(args.argv), checkpoints=str(checkpoint_dir(out_dir)))
+    device = pick_device(args.device, args.threads)
+    world = distributed.join(device.type, timeout_minutes=24 * 60 if args.viewer else 30)
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+    try:
+        return train_as_rank(args, world, device, out_dir)
+    finally:
+        world.close()
+
+
+def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int:
+    """`turbogs train` on one process, or on one rank of several (rank 0 alone speaks and writes)."""
+    import torch
+
+    from turbogs import kernels
+    from turbogs.data.load import load_scene
+    from turbogs.training.config import get_preset
+    from turbogs.training.run import train
+    from turbogs.training.trainer import RunOptions
+
+    kernels.use_torch_twins(args.torch_twins)
+    cfg = get_preset(args.preset)
+    cfg.seed = args.seed
+    if args.sh_degree is not None:
+        cfg.sh_degree = args.sh_degree
+    if args.init_points is not None:
+        cfg.init_random_points = args.init_points
+    if args.checkpoint_every is not None:
+        cfg.checkpoint_every_seconds = args.checkpoint_every
+    if args.checkpoint_every_steps is not None:
+        cfg.checkpoint_every_steps = args.checkpoint_every_steps
+    apply_ablations(cfg, args)
+    cfg.appearance.enabled = cfg.appearance.enabled or args.appearance
+    cfg.batch_views = args.batch_views
+    if args.batch_lr is not None:
+        cfg.batch_lr_rule = args.batch_lr
+    cfg = cfg.for_run(args.steps, args.budget_seconds, world_size=world.size)
+
+    failure, scene = None, None
+    try:
+        scene = load_scene(args.scene, resolution=args.resolution, images=args.images, eval_split=args.eval,
+                           white_background=args.white_background, test_every=cfg.test_every)
+    except TurboGSError as exc:
+        failure = exc
+    world.agree(failure)  # every rank read the capture, or every rank stops
+    if world.is_main:
+        ranks = f" x {world.size} ranks ({world.backend})" if world.size > 1 else ""
+        print(f"scene {args.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
+              f"{scene.train[0].width}x{scene.train[0].height} px, "
+              f"{0 if scene.points is None else len(scene.points)} SfM points; preset {cfg.preset}, "
+              + (f"{cfg.budget_seconds:g} s budget (at most {cfg.steps} steps)" if cfg.budget_seconds else f"{cfg.steps} steps")
+              + f" of {cfg.batch_views} view(s) on {device}{ranks}")
+
+    viewer = None
+    if args.viewer and world.is_main:
+        from turbogs.viewer import LiveViewer
+
+        viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control)
+    options = RunOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
+                         evaluate=True, progress=not args.quiet, images=args.images,
+                         resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
+                         data_device=None if args.data_device == "auto" else torch.device(args.data_device),
+                         max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30),
+                         world=world, viewer_on_main=args.viewer and not world.is_main)
+    try:
+        summary = train(scene, cfg, options)
+        if not world.is_main:
+            return 0
+        report(summary, out_dir)
+        if viewer is not None:
+            from turbogs.formats.model_folder import latest_iteration, point_cloud_path
+            from turbogs.formats.ply import read_ply
+
+            params, _ = read_ply(point_cloud_path(out_dir, latest_iteration(out_dir)))
+            viewer.finish(params, block=not args.no_block)  # blocking: serves until Ctrl-C
+    finally:
+        if viewer is not None:
+            viewer.close()  # --no-block, or training failed: free the port, end the threads, exit
+    return 0
+
+
+def apply_ablations(cfg, args: argparse.Namespace) -> None:
+    """Switch single TurboGS parts off (or swap them) on top of any preset."""
+    from turbogs.training.config import ABLATIONS
+
+    if args.no_sparse:
+        ABLATIONS["no-sparse"](cfg)
+    if args.no_ncc:
+        ABLATIONS["no-ncc"](cfg)
+    if args.density is not None:
+        ABLATIONS[f"density-{args.density}"](cfg)
+    if args.optimizer is not None:
+        ABLATIONS[f"optimizer-{args.optimizer}"](cfg)
+    if args.max_gaussians is not None:
+        cfg.density.max_gaussians = args.max_gaussians
+
+
+def report(summary: dict, out_dir: Path) -> None:
+    line = f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s, {summary['num_gaussians']} Gaussians"
+    if "psnr" in summary:
+        line += f"; test PSNR {summary['psnr']:.2f} dB (colour-corrected {summary.get('psnr_cc', math.nan):.2f}), SSIM {summary['ssim']:.4f}"
+        if "lpips" in summary:
+            line += f", LPIPS {summary['lpips']:.4f}"
+    print(line)
+    print(f"model: {out_dir}  (INRIA layout: point_cloud/, cameras.json, cfg_args"
+          f"{', results.json' if 'psnr' in summary else ''})")
+    print(f"view it: turbogs view {out_dir}")
