@@ -7,13 +7,13 @@ Exports MODEL_DIR to OUT_DIR/model.{ply,splat,spz,sog} with `turbogs export`, th
 test views of the capture named in MODEL_DIR/cfg_args from each readable export.
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from turbogs.cli import main
+from turbogs.cli import main as turbogs
 from turbogs.formats import read_gaussians
 from turbogs.formats.model_folder import scene_for_model
 from turbogs.gaussians import Gaussians
@@ -37,7 +37,7 @@ def run(model_dir: Path, out_dir: Path) -> dict:
     sizes = {}
     for fmt in ("ply", "splat", "spz", "sog"):
         path = out_dir / f"model.{fmt}"
-        assert main(["export", str(model_dir), "-o", str(path)]) == 0
+        assert turbogs(["export", str(model_dir), "-o", str(path)]) == 0
         sizes[fmt] = path.stat().st_size
     scene = scene_for_model(model_dir, None, eval_split=True)
     truth = [c.image for c in scene.test]
@@ -49,6 +49,13 @@ def run(model_dir: Path, out_dir: Path) -> dict:
     return {"test_views": len(scene.test), "bytes": sizes, "quality": quality}
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", type=Path, help="a model folder trained with --eval")
+    parser.add_argument("out_dir", type=Path, help="where the exports are written")
+    args = parser.parse_args()
+    print(json.dumps(run(args.model_dir, args.out_dir), indent=2))
+
+
 if __name__ == "__main__":
-    result = run(Path(sys.argv[1]), Path(sys.argv[2]))
-    print(json.dumps(result, indent=2))
+    main()

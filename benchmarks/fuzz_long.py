@@ -14,6 +14,7 @@ import argparse
 import json
 import random
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -22,11 +23,15 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # its COLMAP writer
+from colmap_writer import write_model  # noqa: E402
+
 from turbogs.data import colmap
 from turbogs.data.images import is_file
 from turbogs.data.transforms import GL_TO_CV, read_nerf_synthetic, read_nerfstudio, read_ply_points
 from turbogs.errors import TurboGSError
 from turbogs.formats.ply import read_ply, write_ply, write_points_ply
+from turbogs.geometry import rotmat_to_quat
 
 # --- valid seed files ------------------------------------------------------------------
 
@@ -38,7 +43,7 @@ def _seed_model(rng: np.random.Generator):
         colmap.ColmapCamera(2, "OPENCV", 64, 48, np.array([60.0, 60.0, 32.0, 24.0, 0.01, -0.002, 0.0, 0.001])),
     ]
     images = [
-        colmap.ColmapImage(i + 1, colmap.rotmat_to_qvec(np.eye(3)), rng.normal(size=3), 1 + i % 2, f"img_{i}.png")
+        colmap.ColmapImage(i + 1, rotmat_to_quat(np.eye(3)), rng.normal(size=3), 1 + i % 2, f"img_{i}.png")
         for i in range(3)
     ]
     points = rng.normal(size=(4, 3))
@@ -53,7 +58,7 @@ def write_seeds(folder: Path) -> Dict[str, Dict[str, bytes]]:
     seeds: Dict[str, Dict[str, bytes]] = {}
     for binary, name in ((True, "colmap_bin"), (False, "colmap_txt")):
         model = folder / name
-        colmap.write_model(model, cameras, images, points, colors, binary=binary)
+        write_model(model, cameras, images, points, colors, binary=binary)
         seeds[name] = {f.name: f.read_bytes() for f in sorted(model.iterdir())}
 
     frames = []

@@ -5,8 +5,7 @@
 Why: a data-parallel step sends one flat buffer (gradients, density statistics, figures)
 per step, and on a 2-core machine a millisecond per step is 2-3% of a step. This measures,
 side by side in one run and for each buffer size in float32 values, the mean time of:
-`all_reduce` (SUM), the same followed by a second, small MAX all-reduce (what a 3dgs step
-used to do), and one `all_gather` of both buffers (what `World.reduce_sum_and_max` does on
+`all_reduce` (SUM), the same followed by a second, small MAX all-reduce, and one `all_gather` of both buffers (what `World.reduce_sum_and_max` does on
 gloo). Each rank runs one torch thread, as `turbogs train --nproc` sets it.
 """
 

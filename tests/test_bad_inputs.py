@@ -17,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from colmap_writer import write_model
 from test_cli import DEMO, small_demo
 
 from turbogs.cli import main
@@ -50,7 +51,7 @@ def rewrite_model(scene: Path, cameras, images, binary: bool) -> None:
     folder = scene / "sparse" / "0"
     for f in folder.iterdir():
         f.unlink()
-    colmap.write_model(folder, cameras, images, model.points, model.colors, binary=binary)
+    write_model(folder, cameras, images, model.points, model.colors, binary=binary)
 
 
 def with_camera(scene: Path, binary: bool, **changes) -> None:

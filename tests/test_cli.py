@@ -10,6 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from colmap_writer import write_model
 
 from turbogs.cli import main
 from turbogs.data import colmap
@@ -27,7 +28,7 @@ def small_demo(root: Path, views: int = 10, binary: bool = False) -> Path:
     images = sorted(model.images, key=lambda im: im.name)[:views]
     for im in images:
         shutil.copy(DEMO / "images" / im.name, scene / "images" / im.name)
-    colmap.write_model(scene / "sparse" / "0", list(model.cameras.values()), images, model.points, model.colors,
+    write_model(scene / "sparse" / "0", list(model.cameras.values()), images, model.points, model.colors,
                        binary=binary)
     return scene
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from colmap_writer import write_model
 
 from turbogs.data import colmap
-from turbogs.data.colmap import ColmapCamera, ColmapImage, write_model
+from turbogs.data.colmap import ColmapCamera, ColmapImage
 from turbogs.data.load import load_scene
 from turbogs.errors import InputError
 

@@ -1,5 +1,6 @@
-"""The _foreach hybrid step (turbogs/optim/hybrid_step.py) equals HybridOptimizer.step, one
-optimizer at a time, bit for bit, on random problems; and takes far fewer ops."""
+"""All optimizers stepped at once (turbogs/optim/hybrid_step.py) equal each HybridOptimizer
+stepped alone, bit for bit, on random problems, and take far fewer ops. (That the step is the
+documented rule is tests/test_optim.py's reference run.)"""
 
 import pytest
 import torch
@@ -63,8 +64,8 @@ def test_foreach_step_with_uncalibrated_curvature_and_a_frozen_parameter():
     assert_identical(run(5, "single", oks, config, frozen=("sh0",)), run(5, "foreach", oks, config, frozen=("sh0",)))
 
 
-def test_foreach_step_falls_back_where_it_does_not_apply():
-    """A clip (or per-row bias correction) is not in the foreach path: each optimizer steps alone."""
+def test_foreach_step_with_a_clip_and_per_row_bias_correction():
+    """The options that work row by row give the same bits at once as alone."""
     config = HybridConfig(clip=0.5, row_bias_correction=True)
     assert_identical(run(6, "single", [True, True, True], config), run(6, "foreach", [True, True, True], config))
 

@@ -24,7 +24,7 @@ LAYERS = [
     ["evaluate", "turbo", "density", "optim", "distributed"],
     ["render", "formats"],
     ["data", "metrics", "kernels"],
-    ["fileio", "tiles", "host_read", "gaussians", "device"],
+    ["fileio", "tiles", "host_read", "gaussians", "geometry", "device"],
     ["errors"],
 ]
 

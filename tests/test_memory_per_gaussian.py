@@ -18,7 +18,6 @@ from turbogs.density.vanilla import VanillaDensityConfig
 from turbogs.gaussians import Gaussians
 from turbogs.optim.base import AdamConfig
 from turbogs.optim.hybrid import HybridConfig
-from turbogs.training.config import LearningRates
 from turbogs.turbo.sampling import ErrorMemory
 
 _spec = importlib.util.spec_from_file_location(

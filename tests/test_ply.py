@@ -9,7 +9,8 @@ import torch
 from plyfile import PlyData
 
 from turbogs.errors import InputError
-from turbogs.formats.ply import read_ply, write_ply, write_points_ply, write_splat
+from turbogs.formats.ply import read_ply, write_ply, write_points_ply
+from turbogs.formats.splat import write_splat
 
 REST_PER_CHANNEL = {0: 0, 1: 3, 2: 8, 3: 15}
 

@@ -1,5 +1,5 @@
-"""The read-free pieces of issue 15's second part: each equals the code it replaced (which read
-from the device), and reads nothing under the step audit's counter."""
+"""The read-free pieces of a training step: each equals a straightforward version that reads
+from the device, and reads nothing under the step audit's counter."""
 
 import time
 

@@ -28,11 +28,11 @@ from turbogs.viewer.server_render import (
 )
 from turbogs.viewer.splats import splats_from_params
 
-from turbogs.data.colmap import qvec_to_rotmat
 from turbogs.data.scene import Camera
 from turbogs.errors import InputError, TurboGSError
 from turbogs.formats.ply import write_ply
 from turbogs.gaussians import SH_C0
+from turbogs.geometry import quat_to_rotmat
 
 # --- fixtures: a blob model in front of one camera ------------------------------------
 
@@ -207,7 +207,7 @@ def test_splats_accept_torch_tensors_with_grad():
     splats = splats_from_params(params)
     expected = 1 / (1 + np.exp(-3.0))
     np.testing.assert_allclose(splats.opacities[:, 0], expected, rtol=1e-6)
-    rot = qvec_to_rotmat(params["quats"].detach().numpy(), dtype=np.float32)
+    rot = quat_to_rotmat(params["quats"].detach().numpy(), dtype=np.float32)
     np.testing.assert_allclose(rot @ rot.transpose(0, 2, 1), np.tile(np.eye(3), (6, 1, 1)), atol=1e-6)
 
 

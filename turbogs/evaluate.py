@@ -11,7 +11,6 @@ ground truth in `test/ours_N/{renders,gt}/` as PNGs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -74,10 +73,7 @@ def write_evaluation(model_dir: Path, step: int, evaluation: Dict[str, object], 
     return results
 
 
-def side_by_side(image: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
-    """Render | ground truth, for a quick look."""
-    return torch.cat([image.detach().cpu(), gt.detach().cpu()], dim=1)
-
-
-def read_results(model_dir: Path) -> dict:
-    return json.loads((Path(model_dir) / "results.json").read_text())
+def metrics_line(results: dict) -> str:
+    """The figures a user reads after train and eval, from results.json's means."""
+    line = f"PSNR {results['psnr']:.2f} dB (colour-corrected {results['psnr_cc']:.2f}), SSIM {results['ssim']:.4f}"
+    return line + (f", LPIPS {results['lpips']:.4f}" if "lpips" in results else "")

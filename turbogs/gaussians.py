@@ -88,15 +88,6 @@ class Gaussians(torch.nn.Module):
         }
         return cls(params, sh_degree)
 
-    @classmethod
-    def random_in_box(
-        cls, lo: torch.Tensor, hi: torch.Tensor, n: int, sh_degree: int = 3, generator: Optional[torch.Generator] = None
-    ) -> "Gaussians":
-        """Random points inside an axis-aligned box, for captures without SfM points."""
-        pts = lo + (hi - lo) * torch.rand(n, 3, generator=generator)
-        cols = torch.rand(n, 3, generator=generator)
-        return cls.from_points(pts, cols, sh_degree)
-
     # --- views --------------------------------------------------------------------
     def __len__(self) -> int:
         return self.params["means"].shape[0]

@@ -19,8 +19,8 @@ from typing import Mapping
 
 import numpy as np
 
-from turbogs.data.colmap import qvec_to_rotmat
 from turbogs.gaussians import SH_C0
+from turbogs.geometry import quat_to_rotmat
 
 
 @dataclass
@@ -49,7 +49,7 @@ def splats_from_params(params: Mapping[str, object]) -> Splats:
     means = to_numpy(params["means"]).reshape(-1, 3)
     n = means.shape[0]
     log_scales = to_numpy(params["scales"]).reshape(n, 3)
-    rotations = qvec_to_rotmat(to_numpy(params["quats"]).reshape(n, 4), dtype=np.float32)
+    rotations = quat_to_rotmat(to_numpy(params["quats"]).reshape(n, 4), dtype=np.float32)
     with np.errstate(over="ignore"):
         scales = np.exp(log_scales)
     # R S S R^T == (R S)(R S)^T; R S scales the columns of R.

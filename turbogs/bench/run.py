@@ -9,7 +9,6 @@ import math
 import os
 import platform
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -27,7 +26,7 @@ from turbogs.evaluate import evaluate_views
 from turbogs.fileio import atomic_path, atomic_write_json, atomic_write_text
 from turbogs.training.config import TrainConfig, get_preset
 from turbogs.training.outdir import check_output_dir
-from turbogs.training.trainer import RunOptions, Trainer, synchronize
+from turbogs.training.trainer import RunOptions, Trainer
 
 WARMUP_STEPS = 3  # untimed steps before the first preset (see warm_up)
 

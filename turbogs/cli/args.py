@@ -1,8 +1,5 @@
-"""Argument types and shared flags of the `turbogs` command line.
-
-Separate from cli.py so that subcommands living in their own packages (bench) can use
-them without importing the command line that imports them.
-"""
+"""Argument types and flags that several subcommands share, and how a command runs: a
+TurboGSError becomes one line on stderr and exit code 2."""
 
 from __future__ import annotations
 

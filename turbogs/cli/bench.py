@@ -11,13 +11,7 @@ from turbogs.bench.audit import run_step_audit
 from turbogs.bench.report import PSNR_TOLERANCE_DB
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench
 from turbogs.bench.step_cost import run_step_cost
-from turbogs.cli.args import (
-    add_device,
-    add_torch_twins,
-    positive_float,
-    positive_int,
-    resolution_arg,
-)
+from turbogs.cli.args import add_device, add_torch_twins, positive_float, positive_int, resolution_arg
 from turbogs.device import pick_device
 from turbogs.errors import InputError
 from turbogs.training.config import ABLATIONS, PRESETS

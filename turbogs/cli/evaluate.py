@@ -22,9 +22,8 @@ def add_parser(subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
-    from turbogs.evaluate import evaluate_views, write_evaluation
+    from turbogs.evaluate import evaluate_views, metrics_line, write_evaluation
     from turbogs.formats import model_folder as model
 
     device = pick_device(args.device, args.threads)
@@ -34,15 +33,13 @@ def run(args: argparse.Namespace) -> int:
     scene = model.scene_for_model(model_dir if model_dir.is_dir() else model_dir.parent, args.source, eval_split=True)
     if not scene.test:
         raise TurboGSError(f"{model_dir}: the capture has no test views (train with --eval)")
-    background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
     started = time.perf_counter()
-    evaluation = evaluate_views(gaussians, scene.test, background)
+    evaluation = evaluate_views(gaussians, scene.test, scene.background(device))
     if not model_dir.is_dir():
         model_dir = model_dir.parent / f"{model_dir.name}_eval"
         model_dir.mkdir(exist_ok=True)
     results = write_evaluation(model_dir, step or 0, evaluation, {"num_gaussians": len(gaussians)},
                                save_images=not args.no_images)
-    print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: PSNR {results['psnr']:.2f} dB "
-          f"(colour-corrected {results['psnr_cc']:.2f}), SSIM {results['ssim']:.4f}" + (f", LPIPS {results['lpips']:.4f}" if "lpips" in results else ""))
+    print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: {metrics_line(results)}")
     print(f"wrote {model_dir / 'results.json'} and {model_dir / 'per_view.json'}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from turbogs.cli.args import add_device, positive_float, positive_int
 from turbogs.device import pick_device
 from turbogs.errors import TurboGSError
+from turbogs.render.camera_paths import PATHS
 
 
 def add_parser(subcommands) -> None:
@@ -16,7 +17,7 @@ def add_parser(subcommands) -> None:
     p.add_argument("--split", choices=["test", "train", "all"], default="test", help="which views (default: test)")
     p.add_argument("--source", help="capture folder (default: the one named in the model's cfg_args)")
     p.add_argument("--out", "-o", help="folder for the PNGs (default: MODEL/<split>/ours_N/renders)")
-    p.add_argument("--path", choices=["orbit", "spiral", "interpolate"],
+    p.add_argument("--path", choices=PATHS,
                    help="render a fly-through instead of the views: orbit the cameras' focus, LLFF's spiral, "
                         "or interpolate through the training cameras")
     p.add_argument("--video", metavar="FILE.mp4", help="with --path: the MP4 to write")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     scene = model.scene_for_model(model_dir, args.source, eval_split=args.split != "all")
     cameras = {"train": scene.train, "test": scene.test, "all": scene.train}[args.split]
     out_dir = Path(args.out) if args.out else model_dir / args.split / f"ours_{step or 0}" / "renders"
-    background = (torch.ones(3) if scene.white_background else torch.zeros(3)).to(device)
+    background = scene.background(device)
     with torch.no_grad():
         for camera in cameras:
             write_png(out_dir / f"{Path(camera.name).stem}.png", render(gaussians, camera, background=background).image)
@@ -67,7 +68,7 @@ def render_camera_path(args: argparse.Namespace, model_dir: Path, device) -> int
     gaussians, _ = model.load_gaussians(model_dir, device)
     scene = model.scene_for_model(model_dir, args.source, eval_split=False) if args.source else None
     cameras = path_cameras(model_dir, args.path, args.frames, args.width, scene)
-    background = torch.ones(3, device=device) if scene is not None and scene.white_background else torch.zeros(3, device=device)
+    background = scene.background(device) if scene is not None else torch.zeros(3, device=device)  # black, as training's default
     render_path(gaussians, cameras, background, Path(args.video) if args.video else None, args.fps,
                 Path(args.frames_dir) if args.frames_dir else None)
     print(f"rendered {len(cameras)} frames ({cameras[0].width}x{cameras[0].height}, {args.path} path) to "

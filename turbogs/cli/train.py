@@ -4,17 +4,9 @@ several ranks (--nproc, torchrun)."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from turbogs.cli.args import (
-    add_device,
-    add_server,
-    add_torch_twins,
-    positive_float,
-    positive_int,
-    resolution_arg,
-)
+from turbogs.cli.args import add_device, add_server, add_torch_twins, positive_float, positive_int, resolution_arg
 from turbogs.device import pick_device
 from turbogs.errors import TurboGSError
 
@@ -232,11 +224,11 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
 
 
 def report(summary: dict, out_dir: Path) -> None:
+    from turbogs.evaluate import metrics_line
+
     line = f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s, {summary['num_gaussians']} Gaussians"
     if "psnr" in summary:
-        line += f"; test PSNR {summary['psnr']:.2f} dB (colour-corrected {summary.get('psnr_cc', math.nan):.2f}), SSIM {summary['ssim']:.4f}"
-        if "lpips" in summary:
-            line += f", LPIPS {summary['lpips']:.4f}"
+        line += f"; test {metrics_line(summary)}"
     print(line)
     print(f"model: {out_dir}  (INRIA layout: point_cloud/, cameras.json, cfg_args"
           f"{', results.json' if 'psnr' in summary else ''})")

@@ -19,7 +19,6 @@ world-to-camera transform, already in the OpenCV camera convention.
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from turbogs.errors import InputError
+from turbogs.geometry import quat_to_rotmat
 
 # COLMAP's model ids, names and parameter counts (src/colmap/sensor/models.h).
 CAMERA_MODELS: Dict[int, Tuple[str, int]] = {
@@ -80,29 +80,10 @@ class ColmapModel:
 # --- geometry ------------------------------------------------------------------------
 
 
-def qvec_to_rotmat(qvec: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """Quaternions (w, x, y, z) [..., 4] -> rotation matrices [..., 3, 3], in `dtype` throughout.
-    The input is normalised first, as COLMAP does, so a slightly denormalised file still gives a
-    rotation. (The viewer converts millions of Gaussians with it in float32; the torch twin for
-    training is turbogs.kernels.projection_torch.quat_to_rotmat.)"""
-    q = np.asarray(qvec, dtype=dtype)
-    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-    w, x, y, z = np.moveaxis(q, -1, 0)
-    rotations = np.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        axis=-1,
-    )  # fmt: skip
-    return rotations.reshape(q.shape[:-1] + (3, 3))
-
-
 def world_to_cam(image: ColmapImage) -> np.ndarray:
     """4x4 float64 world-to-camera matrix of a COLMAP image."""
     m = np.eye(4)
-    m[:3, :3] = qvec_to_rotmat(image.qvec)
+    m[:3, :3] = quat_to_rotmat(image.qvec)
     m[:3, 3] = image.tvec
     return m
 
@@ -410,63 +391,3 @@ def intrinsics(camera: ColmapCamera) -> Tuple[np.ndarray, np.ndarray]:
         raise InputError(f"camera {camera.camera_id}: unsupported model {camera.model}")
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
     return K, dist
-
-
-# --- writers (used by tests and tools to make small models) --------------------------
-
-
-def write_model(folder: Path, cameras: List[ColmapCamera], images: List[ColmapImage], points: np.ndarray, colors: np.ndarray, binary: bool = True) -> None:
-    """Write a model in COLMAP's own binary or text layout (without 2D points or tracks)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    if binary:
-        out = [struct.pack("<Q", len(cameras))]
-        for c in cameras:
-            out.append(struct.pack("<iiQQ", c.camera_id, MODEL_IDS[c.model], c.width, c.height))
-            out.append(struct.pack(f"<{len(c.params)}d", *c.params))
-        (folder / "cameras.bin").write_bytes(b"".join(out))
-        out = [struct.pack("<Q", len(images))]
-        for im in images:
-            out.append(struct.pack("<i4d3di", im.image_id, *im.qvec, *im.tvec, im.camera_id))
-            out.append(im.name.encode("utf-8") + b"\x00")
-            out.append(struct.pack("<Q", 0))
-        (folder / "images.bin").write_bytes(b"".join(out))
-        out = [struct.pack("<Q", len(points))]
-        for i, (p, c) in enumerate(zip(points, colors)):
-            out.append(struct.pack("<Q3d3BdQ", i + 1, *p, *(int(v) for v in c), 0.5, 0))
-        (folder / "points3D.bin").write_bytes(b"".join(out))
-    else:
-        lines = ["# Camera list with one line of data per camera:"]
-        for c in cameras:
-            lines.append(" ".join([str(c.camera_id), c.model, str(c.width), str(c.height)] + [repr(float(v)) for v in c.params]))
-        (folder / "cameras.txt").write_text("\n".join(lines) + "\n")
-        lines = ["# Image list with two lines of data per image:"]
-        for im in images:
-            values = [repr(float(v)) for v in (*im.qvec, *im.tvec)]
-            lines.append(" ".join([str(im.image_id)] + values + [str(im.camera_id), im.name]))
-            lines.append("")
-        (folder / "images.txt").write_text("\n".join(lines) + "\n")
-        lines = ["# 3D point list with one line of data per point:"]
-        for i, (p, c) in enumerate(zip(points, colors)):
-            lines.append(" ".join([str(i + 1)] + [repr(float(v)) for v in p] + [str(int(v)) for v in c] + ["0.5"]))
-        (folder / "points3D.txt").write_text("\n".join(lines) + "\n")
-
-
-def rotmat_to_qvec(R: np.ndarray) -> np.ndarray:
-    """3x3 rotation -> unit quaternion (w, x, y, z) with w >= 0 (for writing models)."""
-    R = np.asarray(R, dtype=np.float64)
-    trace = R[0, 0] + R[1, 1] + R[2, 2]
-    if trace > 0:
-        s = 2.0 * math.sqrt(trace + 1.0)
-        q = [0.25 * s, (R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s]
-    elif R[0, 0] > R[1, 1] and R[0, 0] > R[2, 2]:
-        s = 2.0 * math.sqrt(1.0 + R[0, 0] - R[1, 1] - R[2, 2])
-        q = [(R[2, 1] - R[1, 2]) / s, 0.25 * s, (R[0, 1] + R[1, 0]) / s, (R[0, 2] + R[2, 0]) / s]
-    elif R[1, 1] > R[2, 2]:
-        s = 2.0 * math.sqrt(1.0 + R[1, 1] - R[0, 0] - R[2, 2])
-        q = [(R[0, 2] - R[2, 0]) / s, (R[0, 1] + R[1, 0]) / s, 0.25 * s, (R[1, 2] + R[2, 1]) / s]
-    else:
-        s = 2.0 * math.sqrt(1.0 + R[2, 2] - R[0, 0] - R[1, 1])
-        q = [(R[1, 0] - R[0, 1]) / s, (R[0, 2] + R[2, 0]) / s, (R[1, 2] + R[2, 1]) / s, 0.25 * s]
-    q = np.array(q)
-    return q if q[0] >= 0 else -q

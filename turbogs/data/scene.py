@@ -64,6 +64,11 @@ class Scene:
     def cameras(self) -> List[Camera]:
         return list(self.train) + list(self.test)
 
+    def background(self, device=None) -> torch.Tensor:
+        """The colour behind the Gaussians [3]: white for captures composited on white (-w),
+        else black, as INRIA renders them."""
+        return torch.full((3,), 1.0 if self.white_background else 0.0, device=device)
+
     def extent(self) -> float:
         """INRIA's `cameras_extent`: 1.1 x the largest distance of a training camera
         from the cameras' mean center. Learning rates and densification scale with it."""

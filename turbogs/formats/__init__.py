@@ -1,7 +1,7 @@
 """Gaussian model files by format: one module per format, one table that names them all.
 
-    ply    INRIA's .ply (turbogs.formats.ply): full precision, every SH band; SIBR, SuperSplat, most viewers
-    splat  antimatter15's .splat (turbogs.formats.ply): 32 bytes a Gaussian, colour only, no SH
+    ply    INRIA's .ply (formats.ply): full precision, every SH band; SIBR, SuperSplat, most viewers
+    splat  antimatter15's .splat (formats.splat): 32 bytes a Gaussian, colour only, no SH
     spz    Niantic's .spz v3 (formats.spz): gzip, fixed-point and 8-bit planes, ~10x smaller than .ply
     sog    PlayCanvas's SOG v2 (formats.sog): WebP textures + meta.json in one zip, k-means codebooks
 
@@ -51,7 +51,7 @@ def write_gaussians(path, fmt: str, params: Dict[str, np.ndarray], device: str =
     if fmt == "ply":
         from turbogs.formats.ply import write_ply as write
     elif fmt == "splat":
-        from turbogs.formats.ply import write_splat as write
+        from turbogs.formats.splat import write_splat as write
     elif fmt == "spz":
         from turbogs.formats.spz import write_spz as write
     elif fmt == "sog":

@@ -1,4 +1,4 @@
-"""Gaussian model files: INRIA-layout .ply (read/write), INRIA's input point cloud, .splat.
+"""INRIA-layout .ply model files (read and write), and INRIA's input point cloud.
 
 The INRIA .ply is the lingua franca of 3DGS viewers (SuperSplat, the antimatter15 and
 gsplat viewers, INRIA's SIBR). One vertex per Gaussian, all float32, binary little endian:
@@ -27,8 +27,7 @@ import numpy as np
 from plyfile import PlyData, PlyElement
 
 from turbogs.errors import InputError
-from turbogs.fileio import atomic_path, atomic_write_bytes
-from turbogs.gaussians import SH_C0
+from turbogs.fileio import atomic_path
 
 PathLike = Union[str, "os.PathLike[str]"]
 Params = Dict[str, np.ndarray]
@@ -68,7 +67,7 @@ def _as_float32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
-def _checked_params(params) -> Tuple[Params, int]:
+def checked_params(params) -> Tuple[Params, int]:
     """Float32 copies of the six arrays with their shapes checked; and the SH degree."""
     p = {name: _as_float32(params[name]) for name in ("means", "scales", "quats", "opacities", "sh0", "shN")}
     n = p["means"].shape[0]
@@ -85,7 +84,7 @@ def _checked_params(params) -> Tuple[Params, int]:
 
 def write_ply(path: PathLike, params) -> None:
     """Write pre-activation Gaussian parameters (numpy or torch) as an INRIA .ply, atomically."""
-    p, degree = _checked_params(params)
+    p, degree = checked_params(params)
     n = p["means"].shape[0]
     f_rest = p["shN"].transpose(0, 2, 1).reshape(n, -1)  # [N, 3, K-1]: channel-major
     columns = np.concatenate(
@@ -245,42 +244,3 @@ def read_ply(path: PathLike) -> Tuple[Params, int]:
         "shN": column(*[f"f_rest_{i}" for i in range(3 * rest)]).reshape(n, 3, rest).transpose(0, 2, 1).copy(),
     }
     return params, degree
-
-
-# --- .splat export ----------------------------------------------------------------
-
-# antimatter15/splat's record: 32 bytes per Gaussian.
-SPLAT_DTYPE = np.dtype([("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)])
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def splat_records(params) -> np.ndarray:
-    """The .splat records (SPLAT_DTYPE), biggest most-opaque Gaussians first, as the
-    reference converter orders them so a streaming viewer shows the bulk early."""
-    p, _ = _checked_params(params)
-    log_scales = p["scales"].astype(np.float64)
-    opacity = _sigmoid(p["opacities"].astype(np.float64))
-    with np.errstate(over="ignore"):
-        importance = np.exp(log_scales.sum(axis=1)) * opacity
-    order = np.argsort(-importance, kind="stable")
-
-    quats = p["quats"].astype(np.float64)
-    quats = quats / np.maximum(np.linalg.norm(quats, axis=1, keepdims=True), 1e-12)
-    color = 0.5 + SH_C0 * p["sh0"][:, 0, :].astype(np.float64)
-    rgba = np.concatenate([color, opacity[:, None]], axis=1)
-
-    records = np.empty(p["means"].shape[0], dtype=SPLAT_DTYPE)
-    records["position"] = p["means"]
-    with np.errstate(over="ignore"):
-        records["scale"] = np.exp(p["scales"])
-    records["rgba"] = np.clip(rgba * 255.0, 0, 255).astype(np.uint8)  # truncates, like the reference
-    records["rot"] = np.clip(quats * 128.0 + 128.0, 0, 255).astype(np.uint8)
-    return records[order]
-
-
-def write_splat(path: PathLike, params) -> None:
-    """Export the antimatter15 .splat format (web viewers), atomically."""
-    atomic_write_bytes(path, splat_records(params).tobytes())

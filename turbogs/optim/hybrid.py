@@ -123,14 +123,14 @@ The estimator pass is one extra backward pass through the same graph, every
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Optional, Sequence, Tuple, Union
+from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from turbogs.errors import TurboGSError
 from turbogs.optim.base import OptimizerConfig, Optimizers, clear_grads
 from turbogs.optim.curvature import calibration_quantile, gauss_newton_diagonal_sample, rademacher
-from turbogs.optim.hybrid_step import foreach_step
+from turbogs.optim.hybrid_step import assign, foreach_step, per_row, rows_and_ok, update
 
 __all__ = ["HybridConfig", "HybridOptimizer", "gauss_newton_diagonal_sample", "rademacher"]
 
@@ -209,8 +209,7 @@ class HybridConfig(OptimizerConfig):
         return gauss_newton_diagonal_sample(rendered, curved, generator, loss_hessian_scale=scale)
 
     def step(self, optimizers, visible, curvature, ok=None) -> None:
-        # Every optimizer's update at once, in a few _foreach ops (the same arithmetic as
-        # HybridOptimizer.step, which it falls back to where it does not apply).
+        # Every optimizer's update at once, in a few _foreach ops (the arithmetic of HybridOptimizer.step).
         foreach_step(list(optimizers.values()), visible if self.selective else None, ok)
         for name, optimizer in optimizers.items():
             if curvature is not None and name in curvature:
@@ -221,11 +220,6 @@ class HybridConfig(OptimizerConfig):
 
 
 # --- the optimizer --------------------------------------------------------------------
-
-
-def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A [N] tensor viewed so that it broadcasts over the rows of `like` ([N, ...])."""
-    return values.view((-1,) + (1,) * (like.dim() - 1))
 
 
 class HybridOptimizer(torch.optim.Optimizer):
@@ -278,7 +272,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         return state
 
     @staticmethod
-    def _rows_mask(visible: Optional[torch.Tensor], param: torch.Tensor) -> Optional[torch.Tensor]:
+    def rows_mask(visible: Optional[torch.Tensor], param: torch.Tensor) -> Optional[torch.Tensor]:
         if visible is None:
             return None
         if visible.dtype != torch.bool or visible.shape != (param.shape[0],):
@@ -287,46 +281,20 @@ class HybridOptimizer(torch.optim.Optimizer):
             )
         return visible.to(param.device)
 
-    @torch.no_grad()
+    def entries(self) -> List[tuple]:
+        """(self, group, param) for every parameter with a gradient: what a step updates."""
+        return [(self, group, param) for group in self.param_groups for param in group["params"]
+                if param.grad is not None]
+
     def step(self, visible: Optional[torch.Tensor] = None, closure=None, ok: Optional[torch.Tensor] = None):
         """One update of every parameter with a gradient; `visible` restricts it to rows. `ok`: a
-        0-d device bool; where False nothing changes (a non-finite step), with no host read."""
+        0-d device bool; where False nothing changes (a non-finite step), with no host read.
+        The arithmetic is hybrid_step.update, shared with the all-optimizers step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            lr, eps, clip = group["lr"], group["eps"], group["clip"]
-            beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                rows = _and(self._rows_mask(visible, param), ok)
-                state = self._state(param)
-                grad = param.grad
-                row_step = state["row_step"] + (1 if rows is None else rows.to(param.dtype))
-                state["step"] += 1 if ok is None else ok.to(state["step"].dtype)
-                exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
-                exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-
-                # Bias corrections, in float64 as torch's Adam: from each row's own step count,
-                # or from the optimizer's.
-                if group["row_bias_correction"]:
-                    t = _per_row(row_step.clamp_min(1).double(), param)
-                else:
-                    t = state["step"].to(param.device)
-                bias1 = (1 - beta1 ** t).to(param.dtype)
-                denominator = exp_avg_sq.sqrt() / (1 - beta2 ** t).sqrt().to(param.dtype)  # sqrt(v_hat)
-                denominator = self._denominator(state, group, param, denominator)
-                ratio = exp_avg / denominator.add_(eps)  # m / P; the step is lr * ratio / bias1
-                if clip is not None:
-                    ratio.clamp_(-clip * bias1, clip * bias1)  # |step| <= clip * lr
-                updated = torch.addcmul(param, lr / bias1, ratio, value=-1)
-
-                _assign(param, updated, rows)
-                _assign(state["exp_avg"], exp_avg, rows)
-                _assign(state["exp_avg_sq"], exp_avg_sq, rows)
-                state["row_step"].copy_(row_step)
+        update(self.entries(), visible, ok)
         return loss
 
     def _denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor) -> torch.Tensor:
@@ -346,14 +314,14 @@ class HybridOptimizer(torch.optim.Optimizer):
         the others (a row with no estimate yet must not be lengthened)."""
         floor = adam
         if group["max_lengthening"] > 1:
-            estimated = _per_row(state["hessian_count"] > 0, param)
+            estimated = per_row(state["hessian_count"] > 0, param)
             floor = torch.where(estimated, adam / group["max_lengthening"], adam)
         return torch.maximum(floor, self._curvature(state, group, param, kappa))
 
     @staticmethod
     def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """kappa * h_hat, the bias-corrected curvature EMA; rows without any estimate have zero."""
-        count = _per_row(state["hessian_count"].double(), param)
+        count = per_row(state["hessian_count"].double(), param)
         correction = torch.where(count > 0, 1 - group["hessian_beta"] ** count, torch.ones_like(count))
         return state["hessian"] * (kappa / correction).to(param.dtype)
 
@@ -378,10 +346,10 @@ class HybridOptimizer(torch.optim.Optimizer):
                     raise ValueError(
                         f"curvature estimate has shape {tuple(estimate.shape)}, parameter {tuple(param.shape)}"
                     )
-                rows = _and(self._rows_mask(visible, param), ok)
+                rows = rows_and_ok(self.rows_mask(visible, param), ok)
                 state = self._state(param)
                 hessian = state["hessian"].lerp(estimate.to(param.dtype), 1 - beta)
-                _assign(state["hessian"], hessian, rows)
+                assign(state["hessian"], hessian, rows)
                 state["hessian_count"].add_(1 if rows is None else rows.to(param.dtype))
                 if group["calibration_quantile"] is not None:
                     kappa = self._calibrated_curvature_scale(state, group, param)
@@ -397,21 +365,6 @@ class HybridOptimizer(torch.optim.Optimizer):
         adam = state["exp_avg_sq"].sqrt() / (1 - beta2 ** steps).sqrt().to(param.dtype)
         curvature = self._curvature(state, group, param, 1.0)
         return calibration_quantile(adam, curvature, group["calibration_quantile"])
-
-
-def _and(rows: Optional[torch.Tensor], ok: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The rows to update: `rows` ([N] bool or None = all) and the step's `ok` (0-d bool or None)."""
-    if ok is None:
-        return rows
-    return ok.reshape(1) if rows is None else rows & ok
-
-
-def _assign(target: torch.Tensor, value: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
-    """target <- value, on the selected rows only (all rows when `rows` is None)."""
-    if rows is None:
-        target.copy_(value)
-    else:
-        target.copy_(torch.where(_per_row(rows, target), value, target))
 
 
 def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,

@@ -23,15 +23,14 @@ from typing import List
 import numpy as np
 
 from turbogs.errors import InputError
+from turbogs.geometry import nearest_point_to_lines, normalize, quat_to_rotmat, rotmat_to_quat
+
+PARALLEL_AXES = 1e-8  # smallest eigenvalue of mean(I - d d^T) below which the axes meet nowhere
 
 PATHS = ("orbit", "spiral", "interpolate")
 
 
 # --- geometry helpers -----------------------------------------------------------------------
-
-
-def normalize(v: np.ndarray) -> np.ndarray:
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
 def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -52,43 +51,15 @@ def world_up(poses: np.ndarray) -> np.ndarray:
 
 
 def focus_point(poses: np.ndarray) -> np.ndarray:
-    """The point with the least summed squared distance to all optical axes:
-    solve sum_i (I - d_i d_i^T) p = sum_i (I - d_i d_i^T) c_i."""
+    """The point nearest all the cameras' optical axes; with parallel axes, which meet nowhere, a
+    point ahead of the cameras at their spread (at least one unit). A path only needs a point to
+    aim at, so axes a degree apart (a forward-facing capture) still give theirs, far ahead."""
     centers, dirs = poses[:, :3, 3], normalize(poses[:, :3, 2])
-    projectors = np.eye(3)[None] - dirs[:, :, None] * dirs[:, None, :]
-    a = projectors.sum(axis=0)
-    b = (projectors @ centers[:, :, None]).sum(axis=0)[:, 0]
-    if np.linalg.cond(a) > 1e8:  # all axes parallel: no single nearest point
+    point = nearest_point_to_lines(centers, dirs, min_convergence=PARALLEL_AXES)
+    if point is None:
         spread = float(np.linalg.norm(centers - centers.mean(0), axis=1).mean())
         return centers.mean(axis=0) + normalize(dirs.mean(axis=0)) * max(spread, 1.0)
-    return np.linalg.solve(a, b)
-
-
-def rotation_to_quat(r: np.ndarray) -> np.ndarray:
-    """Unit quaternion (w, x, y, z) of a rotation matrix (Shepperd's method: stable everywhere)."""
-    trace = np.trace(r)
-    if trace > 0:
-        s = 2.0 * math.sqrt(1.0 + trace)
-        q = [0.25 * s, (r[2, 1] - r[1, 2]) / s, (r[0, 2] - r[2, 0]) / s, (r[1, 0] - r[0, 1]) / s]
-    else:
-        i = int(np.argmax(np.diag(r)))
-        j, k = (i + 1) % 3, (i + 2) % 3
-        s = 2.0 * math.sqrt(max(1.0 + r[i, i] - r[j, j] - r[k, k], 1e-12))
-        q = [0.0] * 4
-        q[0] = (r[k, j] - r[j, k]) / s
-        q[1 + i] = 0.25 * s
-        q[1 + j] = (r[j, i] + r[i, j]) / s
-        q[1 + k] = (r[k, i] + r[i, k]) / s
-    return normalize(np.asarray(q, np.float64))
-
-
-def quat_to_rotation(q: np.ndarray) -> np.ndarray:
-    w, x, y, z = normalize(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])  # fmt: skip
+    return point
 
 
 def slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:
@@ -149,7 +120,7 @@ def interpolate(poses: np.ndarray, frames: int) -> List[np.ndarray]:
     if count < 2:
         raise InputError(f"--path interpolate needs at least 2 cameras to pass through; the model has {count}")
     positions = poses[:, :3, 3]
-    quats = [rotation_to_quat(p[:3, :3]) for p in poses]
+    quats = [rotmat_to_quat(p[:3, :3]) for p in poses]
     for i in range(1, count):  # keep neighbours on one hemisphere, so slerp takes the short way
         if np.dot(quats[i - 1], quats[i]) < 0:
             quats[i] = -quats[i]
@@ -159,7 +130,7 @@ def interpolate(poses: np.ndarray, frames: int) -> List[np.ndarray]:
         seg = min(int(s), count - 2)
         t = float(s - seg)
         pose = np.eye(4)
-        pose[:3, :3] = quat_to_rotation(slerp(quats[seg], quats[seg + 1], t))
+        pose[:3, :3] = quat_to_rotmat(slerp(quats[seg], quats[seg + 1], t))
         pose[:3, 3] = catmull_rom(padded[seg], padded[seg + 1], padded[seg + 2], padded[seg + 3], t)
         out.append(pose)
     return out

@@ -2,9 +2,9 @@
 the host wait for the GPU every step.
 
 On the CPU a step's work is done when its Python call returns, so `time.perf_counter()`
-around it is the answer. On CUDA the call returns once the work is queued; the old clock
-called `torch.cuda.synchronize()` after every step to wait for it, which drains the queue
-and leaves the GPU idle while the host prepares the next step. This clock instead records a
+around it is the answer. On CUDA the call returns once the work is queued; waiting for it
+with `torch.cuda.synchronize()` after every step would drain the queue and leave the GPU idle
+while the host prepares the next step. This clock instead records a
 CUDA event when a stretch of steps starts and one after each step, and counts the host's
 seconds meanwhile, as an estimate (the schedules need a figure every step). When the
 trainer reads its figures anyway (progress-bar refresh, checkpoints, the end: one wait

@@ -38,7 +38,7 @@ class LearningRates:
 # How the optimizer's settings follow V views per step (the gradient is their mean):
 #   grendel  Grendel-GS's rule: learning rates x sqrt(V), and the optimizer's moving averages
 #            counted in views (OptimizerConfig.per_views: decays b -> b^V, eps / sqrt(V))
-#   sqrt     learning rates x sqrt(V) only (TurboGS's rule until 2026-12-04)
+#   sqrt     learning rates x sqrt(V) only
 #   none     unchanged
 BATCH_LR_RULES = ("grendel", "sqrt", "none")
 
@@ -126,12 +126,6 @@ class TrainConfig:
             sh_increase_every=max(1, round(self.sh_increase_every / views)),
         )
 
-    def to_dict(self) -> dict:
-        """Plain data; the density and optimizer settings carry their `kind` (for from_dict)."""
-        data = dataclasses.asdict(self)
-        data["density"] = {"kind": self.density.name, **data["density"]}
-        data["optimizer"] = {"kind": self.optimizer.name, **data["optimizer"]}
-        return data
 
 
 def preset_3dgs() -> TrainConfig:
@@ -214,23 +208,4 @@ def get_preset(name: str) -> TrainConfig:
             raise TurboGSError(f"unknown ablation '{ablation}' in preset '{name}' (choose from: {', '.join(ABLATIONS)})")
         ABLATIONS[ablation](cfg)
     cfg.preset = name
-    return cfg
-
-
-def from_dict(data: dict) -> TrainConfig:
-    """Rebuild a config saved with `to_dict` (for --resume)."""
-    cfg = TrainConfig()
-    data = dict(data)
-    for key, kinds in (("density", DENSITY_CONFIGS), ("optimizer", OPTIMIZER_CONFIGS)):
-        if isinstance(data.get(key), dict) and "kind" in data[key]:
-            values = dict(data.pop(key))
-            kind = kinds[values.pop("kind")]
-            names = {f.name for f in dataclasses.fields(kind)}
-            setattr(cfg, key, kind(**{k: v for k, v in values.items() if k in names}))
-    for key, value in data.items():
-        current = getattr(cfg, key, None)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            setattr(cfg, key, dataclasses.replace(current, **value))
-        elif hasattr(cfg, key):
-            setattr(cfg, key, value)
     return cfg

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from turbogs.data.scene import Camera, Scene
+from turbogs.geometry import nearest_point_to_lines
 
-MIN_CONVERGENCE = 0.005  # smallest eigenvalue of mean(I - d d^T): axes spread by less than ~4 degrees are parallel
 NEAR_FRACTION = 0.2  # nearest depth, as a share of the focus distance
 OVERSAMPLE = 2  # candidates per kept point, before the visibility filter
 FALLBACK_DEPTHS = (2.0, 50.0)  # without a focus point or box: depths in units of the cameras' spread
@@ -59,15 +59,12 @@ def camera_centers_and_axes(cameras: List[Camera]) -> Tuple[np.ndarray, np.ndarr
 
 
 def focus_point(centers: np.ndarray, axes: np.ndarray) -> Focus:
-    """The least-squares point nearest all lines centers[i] + s * axes[i]:
-    minimises sum_i |(I - d_i d_i^T)(p - c_i)|^2, so solves sum(P_i) p = sum(P_i c_i)."""
+    """Where the optical axes converge (the point nearest them all), or why they do not."""
     if len(centers) < 2:
         return Focus(None, reason="the capture has a single training camera")
-    projectors = np.eye(3)[None] - axes[:, :, None] * axes[:, None, :]
-    A = projectors.mean(axis=0)
-    if np.linalg.eigvalsh(A)[0] < MIN_CONVERGENCE:
+    point = nearest_point_to_lines(centers, axes)
+    if point is None:
         return Focus(None, reason="the cameras' optical axes are (nearly) parallel, so they meet nowhere")
-    point = np.linalg.solve(A, np.einsum("nij,nj->i", projectors, centers) / len(centers))
     distances = np.einsum("ni,ni->n", point[None] - centers, axes)
     if np.median(distances) <= 0:
         return Focus(None, reason="the cameras' optical axes meet behind the cameras (they look outward)")

@@ -138,8 +138,7 @@ class Trainer:
         self.extent = scene.extent()
         self.generator = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.background = torch.ones(3) if scene.white_background else torch.zeros(3)
-        self.background = self.background.to(self.device)
+        self.background = scene.background(self.device)
         data_device = options.data_device or self.device
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
                                          [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
@@ -271,7 +270,7 @@ class Trainer:
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included (on CUDA by events,
-        with no wait per step: the host's estimate until the figures are read; step_clock.py)."""
+        with no wait per step: the host's estimate until the figures are read; training/clock.py)."""
         self.clock.start()
         self.train_step()
         self.step += 1
@@ -350,7 +349,6 @@ class Trainer:
             "elapsed": self.elapsed,
             "stats": self.stats.state_dict(),
             "appearance": None if self.appearance is None else self.appearance.state(),
-            "config": self.cfg.to_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -466,9 +464,9 @@ class Trainer:
                    # steps count optimizer steps: views trained = steps x world_size x batch_views
                    "world_size": self.world.size, "batch_views": self.cfg.batch_views,
                    "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
-        # Every rank leaves the process group together, now, rather than one while another still
-        # holds it (twice rank 1, leaving alone as rank 0 wrote, died by SIGABRT, likely in gloo's
-        # teardown); rank 0 then writes and evaluates with no rank waiting on it.
+        # Every rank leaves the process group together, now: a rank that leaves while another still
+        # holds the group can abort in gloo's teardown. Rank 0 then writes and evaluates with no
+        # rank waiting on it (a collective's timeout would cut a long evaluation short).
         self.world.barrier()
         self.world.close()
         if not self.world.is_main:

@@ -11,7 +11,7 @@ are stacked too, padded at the bottom and right to the largest size: see `can_pa
 picked on the device then renders at the padded size with its own K (the extra rows and
 columns lie off its image's edge) and its mask is 0 there, so that the padding counts in
 no loss, tile error, PSNR or error memory. A view picked by a Python int (3dgs, the
-warm-up, evaluation) gets its true size, as before. Views that cannot be padded, or images
+warm-up, evaluation) gets its true size. Views that cannot be padded, or images
 kept in CPU memory (--data-device cpu), take a Python int view only.
 """
 
@@ -38,7 +38,7 @@ def can_pad(sizes: Sequence[Tuple[int, int]], tile_size: int = TILE_SIZE) -> boo
     - Every view keeps its tile grid: the padded size has the same tile rows and columns as
       each true size. The error memory, the tile sampler and the tile masks then work on the
       views' own grids, no tile is padding only (the sampler could never prefer one), and a
-      padded view's border tiles count the same real pixels as before.
+      padded view's border tiles count the same real pixels as its unpadded ones.
     - The padding is at most MAX_PADDING (2%) of the stack's pixels: memory, and work in the
       render, spent on pixels that count for nothing. Sizes one or two pixels apart (rounding
       after downscaling) pass; a capture of mixed cameras keeps the per-int path.

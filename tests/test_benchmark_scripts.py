@@ -1,0 +1,77 @@
+"""Every script in benchmarks/ still runs: `--help` for each (its imports), and a tiny run of
+those that finish in seconds (the imports inside their functions, and their arguments), so that
+a moved module or a renamed function fails here rather than in the next measurement.
+
+The GPU scripts have their own dry run (tests/test_gpu_check.py), benchmarks/memory_per_gaussian.py
+its own test (tests/test_memory_per_gaussian.py), refactor_identity.py runs in tests/test_reproducible.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from test_cli import DEMO
+
+from turbogs.cli import main
+
+SCRIPTS = sorted(path.name for path in (REPO / "benchmarks").glob("*.py"))
+
+
+def run_script(name, *args, timeout=240):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=timeout)
+
+
+def test_every_script_is_listed_here():
+    assert set(SCRIPTS) == {"ablation.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
+                            "memory_per_gaussian.py", "refactor_identity.py", "scaling_cpu.py", "step_cost_cpu.py",
+                            "viewer_evidence.py"}, "a new script needs a smoke test here"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_answers_help(name):
+    done = run_script(name, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, args", [
+    ("ablation.py", ["smoke", "3dgs", "8", "--scene", DEMO]),
+    ("fuzz_long.py", ["--examples", "3"]),
+    ("gloo_collectives.py", ["--sizes", "1,100", "--repeats", "2"]),
+    ("step_cost_cpu.py", ["--repeats", "1", "--counts", "200"]),
+])
+def test_quick_scripts_run(name, args):
+    done = run_script(name, *args)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_ablation_prints_its_points():
+    done = run_script("ablation.py", "smoke", "turbo", "8", "--scene", DEMO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    points = json.loads(done.stdout.strip().splitlines()[-1])["points"]
+    assert [p["step"] for p in points] == [2, 4, 6, 8]
+
+
+@pytest.mark.slow
+def test_scaling_writes_its_table(tmp_path):
+    out = tmp_path / "scaling.md"
+    done = run_script("scaling_cpu.py", "--scene", DEMO, "--views", "4", "--presets", "3dgs", "--out", out, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert out.is_file() and "3dgs" in out.read_text()
+
+
+@pytest.mark.slow
+def test_export_quality_on_a_small_model(tmp_path):
+    model = tmp_path / "model"
+    assert main(["train", str(DEMO), "--preset", "3dgs", "--steps", "30", "--eval", "--out", str(model), "--quiet"]) == 0
+    done = run_script("export_quality.py", model, tmp_path / "exports")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout[done.stdout.index("\n{") + 1:])  # after the export lines
+    assert set(result["bytes"]) == {"ply", "splat", "spz", "sog"} and result["test_views"] == 4
