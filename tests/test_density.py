@@ -7,22 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from density_helpers import MOMENTS, after_backward
 
 from turbogs.density import VanillaDensity, VanillaDensityConfig, rows
-from turbogs.density.base import DensityStep
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
-
-
-def after_backward(strategy, state, step, gaussians, optimizers, out, width, height, extent, blame=None, progress=0.0):
-    """The strategy's after_backward hook for a step with these figures (`blame`: the probe's
-    gradient; None when no probe was rendered)."""
-    probe = None if blame is None else SimpleNamespace(grad=blame)
-    return strategy.after_backward(state, DensityStep(step, progress, gaussians, optimizers, out, width, height,
-                                                      extent, probe))
-
 
 # --- helpers ------------------------------------------------------------------------
 

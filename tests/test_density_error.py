@@ -6,14 +6,13 @@ built by hand."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from density_helpers import MOMENTS, after_backward
 
 from turbogs import kernels as ops
 from turbogs.data.scene import Camera
-from turbogs.density.base import DensityStep
 from turbogs.density.error_driven import (
     ErrorDensityConfig,
     ErrorDrivenDensity,
@@ -32,15 +31,6 @@ from turbogs.turbo.losses import TileLoss
 SIZE = 32  # 2 x 2 tiles
 TILE_IDS = torch.tensor([0, 3])  # two diagonal tiles of four
 TILE_MASK = torch.tensor([[True, False], [False, True]])
-MOMENTS = ("exp_avg", "exp_avg_sq")
-
-
-def after_backward(strategy, state, step, gaussians, optimizers, out, width, height, extent, blame=None, progress=0.0):
-    """The strategy's after_backward hook for a step with these figures (`blame`: the probe's
-    gradient; None when no probe was rendered)."""
-    probe = None if blame is None else SimpleNamespace(grad=blame)
-    return strategy.after_backward(state, DensityStep(step, progress, gaussians, optimizers, out, width, height,
-                                                      extent, probe))
 
 
 # --- a tiny real scene ---------------------------------------------------------------

@@ -22,7 +22,6 @@ def add_parser(subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from turbogs.evaluate import evaluate_views, metrics_line, write_evaluation
     from turbogs.formats import model_folder as model
 
