@@ -131,7 +131,8 @@ def _collectives(rank: int, init_file: str, results) -> None:
     world.reduce_sum_and_max(no_max, torch.zeros(0))
     world.check_same(torch.tensor([1.0, 2.0]), "a constant")
     outcome = {"summed": summed.tolist(), "maxed": maxed.tolist(), "gathered": [g.item() for g in gathered],
-               "pair": [pair[0].tolist(), pair[1].tolist(), no_max.tolist()]}
+               "pair": [pair[0].tolist(), pair[1].tolist(), no_max.tolist()],
+               "floats": world.gather_floats([float(rank), 0.5 + rank])}
     try:
         world.check_same(torch.tensor([float(rank)]), "the rank number")
     except TurboGSError as exc:
@@ -151,6 +152,7 @@ def test_collectives_sum_gather_compare_and_agree(tmp_path):
         assert results[rank]["summed"] == [2.0, 3.0]
         assert results[rank]["maxed"] == [1.0, 0.0]
         assert results[rank]["gathered"] == [0.0, 10.0]
+        assert results[rank]["floats"] == [[0.0, 0.5], [1.0, 1.5]]
         # rank 0's values plus rank 1's, in float32 as an all-reduce adds them; the max, and a sum with no max
         sums = (torch.tensor([0.1, 1.0, 1e8]) + torch.tensor([0.1, 2.0, 2e8])).tolist()
         assert results[rank]["pair"] == [sums, [1.0, 0.0], [2.0]]
@@ -164,7 +166,7 @@ def test_collectives_sum_gather_compare_and_agree(tmp_path):
 def test_one_process_is_a_world_of_one():
     tensor = torch.tensor([1.0, 2.0])
     assert LOCAL.all_reduce(tensor) is tensor and LOCAL.all_gather(tensor) == [tensor]
-    assert LOCAL.broadcast_float(3.5) == 3.5
+    assert LOCAL.broadcast_float(3.5) == 3.5 and LOCAL.gather_floats([1.0, 2.0]) == [[1.0, 2.0]]
     LOCAL.check_same(tensor, "anything")
     with pytest.raises(TurboGSError, match="bad"):
         LOCAL.agree(TurboGSError("bad"))
@@ -292,6 +294,10 @@ def test_the_launcher_names_a_rank_that_died_not_one_it_stopped():
     assert rank_that_died(failed((2, 1), (1, 2)))[0] == 1
     # Only SIGTERMs (the user stopped a rank): the earliest is named.
     assert rank_that_died(failed((term, 3), (term, 2)))[0] == 1
+    # The ranks stopped on a signal and saved the run (128 + its number): they said why, and so
+    # did a rank the launcher then stopped with SIGTERM.
+    assert rank_that_died(failed((143, 1), (143, 2))) is None
+    assert rank_that_died(failed((130, 1), (term, 2))) is None
 
 
 class StopButton:
@@ -299,7 +305,7 @@ class StopButton:
 
     stop_requested = False
 
-    def wait_if_paused(self):
+    def wait_if_paused(self, until):
         pass
 
     def update(self, step, total, stats, raw, view_error):
@@ -308,25 +314,28 @@ class StopButton:
 
 def _stop_from_the_viewer(rank: int, init_file: str, out: str, results) -> None:
     from turbogs.data.load import load_scene
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.run import train
+    from turbogs.training.trainer import RunOptions
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     world = World(rank, 2, rank, "gloo")
     scene = load_scene(str(DEMO))
     cfg = get_preset("3dgs").for_run(50, world_size=2)
     options = RunOptions(out_dir=Path(out), progress=False, evaluate=False, log=lambda message: None, world=world,
-                         viewer=StopButton() if rank == 0 else None, viewer_on_main=rank > 0)
-    trainer = Trainer(scene, cfg, options)
-    trainer.run()
-    results[rank] = trainer.step
-    world.close()
+                         viewer=StopButton() if rank == 0 else None)
+    summary = train(scene, cfg, options)
+    results[rank] = (summary["steps"], summary.get("stopped_by"))
 
 
 def test_rank_0s_viewer_stops_every_rank_at_the_same_step(tmp_path):
+    """Pressed at step 5, the Stop reaches rank 1 at the next step where the ranks compare
+    their stop flags (every RANKS_READ_EVERY steps), and both stop there."""
+    from turbogs.training.trainer import RANKS_READ_EVERY
+
     results = mp.Manager().dict()
     mp.spawn(_stop_from_the_viewer, args=(str(tmp_path / "init"), str(tmp_path / "out"), results), nprocs=2, join=True)
-    assert results[0] == results[1] == 5
-    assert len(list((tmp_path / "out").glob("point_cloud/iteration_5/point_cloud.ply"))) == 1
+    assert results[0] == results[1] == (RANKS_READ_EVERY, "viewer")
+    assert len(list((tmp_path / "out").glob(f"point_cloud/iteration_{RANKS_READ_EVERY}/point_cloud.ply"))) == 1
 
 
 @pytest.mark.slow

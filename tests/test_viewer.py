@@ -387,6 +387,19 @@ def test_pause_resume_stop(live):
     worker.join()
 
 
+def test_a_signal_releases_a_paused_loop(live):
+    """SIGTERM while paused: the trainer's `until` turns true, and the loop goes on to save."""
+    live.pause()
+    signalled = threading.Event()
+    released = threading.Event()
+    worker = threading.Thread(target=lambda: (live.wait_if_paused(until=signalled.is_set), released.set()))
+    worker.start()
+    assert not released.wait(0.3)
+    signalled.set()
+    assert released.wait(2.0) and live.paused  # the button stays as it was; the run stops
+    worker.join()
+
+
 def test_finish_pushes_the_final_model_without_any_browser(live):
     params = {k: torch.from_numpy(v) for k, v in blob_params(per_blob=10).items()}
     live.finish(params, block=False, step=100, total_steps=100)

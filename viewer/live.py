@@ -232,11 +232,12 @@ class LiveViewer:
             snap.heatmap = _clone(error_heatmap(snap.heatmap_view))
         return snap
 
-    def wait_if_paused(self) -> None:
-        """Blocks while the Pause button is active; Resume or Stop releases it."""
+    def wait_if_paused(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Blocks while the Pause button is active; Resume or Stop releases it, and so does
+        `until()` turning true (the trainer's: a signal came, which stops the run like Stop)."""
         if not self._paused:
             return
-        while self._paused and not self._stop_requested and not self._closed:
+        while self._paused and not self._stop_requested and not self._closed and not until():
             self._resume.wait(timeout=0.25)
 
     @property

@@ -77,7 +77,8 @@ def add_server(p: argparse.ArgumentParser) -> None:
 
 def run_command(parser: argparse.ArgumentParser, argv: List[str]) -> int:
     """Parse `argv` and run the chosen command: a TurboGSError becomes one line on stderr and
-    its exit code (2), Ctrl-C exit code 130. argparse itself exits 2 with one line on a bad flag."""
+    its exit code (2), Ctrl-C exit code 130 (a second signal while `train` saves a stopped run
+    says so, with 128 + the signal's number). argparse itself exits 2 with one line on a bad flag."""
     args = parser.parse_args(argv)
     args.argv = argv  # the command as typed, for the records benchmarks keep
     try:
@@ -86,6 +87,6 @@ def run_command(parser: argparse.ArgumentParser, argv: List[str]) -> int:
         if not getattr(exc, "quiet", False):  # a rank > 0 stopping for a reason rank 0 reports
             print(f"turbogs {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"turbogs {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"turbogs {args.command}: {exc or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)

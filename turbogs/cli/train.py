@@ -144,6 +144,7 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
     from turbogs.data.load import load_scene
     from turbogs.training.config import get_preset
     from turbogs.training.run import train
+    from turbogs.training.stop import signal_exit_code
     from turbogs.training.trainer import RunOptions
 
     kernels.use_torch_twins(args.torch_twins)
@@ -189,12 +190,15 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
                          data_device=None if args.data_device == "auto" else torch.device(args.data_device),
                          max_memory_bytes=None if args.max_memory is None else int(args.max_memory * 2**30),
-                         world=world, viewer_on_main=args.viewer and not world.is_main)
+                         world=world)
     try:
         summary = train(scene, cfg, options)
+        code = signal_exit_code(summary["signal"]) if "signal" in summary else 0  # 143, 130: as a shell reports it
         if not world.is_main:
-            return 0
+            return code
         report(summary, out_dir)
+        if code:
+            return code
         if viewer is not None:
             from turbogs.formats.model_folder import latest_iteration, point_cloud_path
             from turbogs.formats.ply import read_ply
@@ -226,10 +230,18 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
 def report(summary: dict, out_dir: Path) -> None:
     from turbogs.evaluate import metrics_line
 
-    line = f"done: {summary['steps']} steps in {summary['train_seconds']:.1f} s, {summary['num_gaussians']} Gaussians"
+    figures = f"{summary['steps']} steps in {summary['train_seconds']:.1f} s, {summary['num_gaussians']} Gaussians"
+    if "stopped_by" in summary:
+        line = (f"stopped ({summary['stopped_by']}): {figures}; the checkpoint and the model are saved, "
+                "and the same command with --resume continues the run")
+    else:
+        line = f"done: {figures}"
     if "psnr" in summary:
         line += f"; test {metrics_line(summary)}"
     print(line)
+    if "signal" in summary and "stopped_by" not in summary:
+        print(f"{summary['signal']} came as training ended: the model is complete but not evaluated "
+              f"(turbogs eval {out_dir})")
     print(f"model: {out_dir}  (INRIA layout: point_cloud/, cameras.json, cfg_args"
           f"{', results.json' if 'psnr' in summary else ''})")
     print(f"view it: turbogs view {out_dir}")

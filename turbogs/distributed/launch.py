@@ -9,6 +9,14 @@ workers are the same.
 What the user sees when something fails: a rank's own error (bad input, divergence) is printed
 once, by rank 0, and the exit code is 2; a rank that dies (killed, crashed) is named in one
 line, and the last checkpoint stays resumable with --resume (rank 0 writes it atomically).
+
+SIGTERM and Ctrl-C: the launcher passes the signal on to every rank (torch's agent sends it to
+each rank's process group; the ranks run in sessions of their own, so a terminal's Ctrl-C
+reaches them through the launcher only, once). The ranks stop at a step they agree on, rank 0
+saves it (turbogs/training/stop.py), and they exit 128 + the signal's number, which the
+launcher passes on. The agent waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30) for that before
+it kills the ranks; a second signal to the launcher sends the ranks SIGTERM, which makes them
+quit at once.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from turbogs.distributed.world import LAUNCHED_BY_TURBOGS
 from turbogs.errors import TurboGSError
+
+# Exit codes of a rank that has said why it ended: 2, an error (rank 0 prints it for every rank);
+# 128 + SIGINT's or SIGTERM's number, a run stopped on that signal and saved, as a shell reports it.
+SAID_WHY = (2, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 def strip_nproc(argv: List[str]) -> List[str]:
@@ -40,6 +52,7 @@ def strip_nproc(argv: List[str]) -> List[str]:
 def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
     """Run `turbogs <argv>` as `nproc` ranks on this machine; the exit code of the run.
     `checkpoints` names where a resumable checkpoint lives, for the message when a rank dies."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -52,10 +65,12 @@ def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
     os.environ[LAUNCHED_BY_TURBOGS] = "1"  # the ranks leave naming a dead rank to this process
     try:
         elastic_launch(config, sys.executable)("-m", "turbogs", *argv)
+    except SignalException as exc:  # the launcher got it, passed it on, and the ranks have stopped
+        return 128 + exc.sigval
     except ChildFailedError as exc:
         culprit = rank_that_died(exc.failures)
-        if culprit is None:
-            return 2
+        if culprit is None:  # the ranks said why: the lowest such rank's exit code is the run's
+            return next(failure.exitcode for _, failure in sorted(exc.failures.items()) if failure.exitcode in SAID_WHY)
         rank, failure = culprit
         how = f"died (exit code {failure.exitcode})"
         if failure.exitcode < 0 and -failure.exitcode in signal.valid_signals():
@@ -68,14 +83,15 @@ def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
 def rank_that_died(failures: Dict[int, Any]) -> Optional[Tuple[int, Any]]:
     """(rank, failure) of the rank to name when the launcher reports failed ranks, or None when
     a rank has said why itself. A rank that ended with exit code 2 has printed its reason
-    (rank 0 speaks for every rank), and the launcher then stops the others with SIGTERM, so
-    those SIGTERMs are not a cause. A rank that died any other way (a signal, a crash) could
-    not say why, and the others only saw it vanish: the earliest such rank is named; a
-    SIGTERM counts only when nothing else explains the stop (the user stopped a rank)."""
-    said_why = any(failure.exitcode == 2 for failure in failures.values())
+    (rank 0 speaks for every rank), as has one that stopped on a signal and saved the run (130,
+    143); the launcher then stops the others with SIGTERM, so those SIGTERMs are not a cause.
+    A rank that died any other way (a signal, a crash) could not say why, and the others only
+    saw it vanish: the earliest such rank is named; a SIGTERM counts only when nothing else
+    explains the stop (the user stopped a rank)."""
+    said_why = any(failure.exitcode in SAID_WHY for failure in failures.values())
     died = sorted((failure.exitcode == -signal.SIGTERM, failure.timestamp, rank, failure)
                   for rank, failure in failures.items()
-                  if failure.exitcode != 2 and not (said_why and failure.exitcode == -signal.SIGTERM))
+                  if failure.exitcode not in SAID_WHY and not (said_why and failure.exitcode == -signal.SIGTERM))
     if not died:
         return None
     *_, rank, failure = died[0]

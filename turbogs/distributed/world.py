@@ -103,6 +103,14 @@ class World:
         self._collective(torch.distributed.broadcast, tensor, src=0)
         return float(tensor.item())
 
+    def gather_floats(self, values: Sequence[float]) -> List[List[float]]:
+        """Every rank's few host numbers (as many on every rank), in rank order: one small
+        all-gather, e.g. the ranks' stop flags, compared at the same steps on every rank."""
+        if self.size == 1:
+            return [list(values)]
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self._device())
+        return [gathered.tolist() for gathered in self.all_gather(tensor)]
+
     def agree(self, failure: Optional[TurboGSError]) -> None:
         """After a setup phase every rank went through: raise on every rank if any rank failed.
         Rank 0 reports the first failure (its own, or "rank r: ..."); the others stop quietly."""

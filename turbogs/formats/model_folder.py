@@ -7,6 +7,7 @@
       point_cloud/iteration_N/point_cloud.ply    the trained Gaussians
       results.json, per_view.json, test/...      written by eval
       checkpoints/                               resumable training state
+      stopped.json                               only for a run stopped before its end (--resume continues it)
 
 Every file is written atomically. `cfg_args` is written for SIBR's sake and read back
 with a literal-only parser: it is never evaluated.
@@ -24,8 +25,10 @@ import numpy as np
 
 from turbogs.data.scene import Camera, Scene
 from turbogs.errors import InputError
-from turbogs.fileio import atomic_write_json, atomic_write_text
+from turbogs.fileio import atomic_write_json, atomic_write_text, read_json
 from turbogs.formats.ply import write_ply, write_points_ply
+
+STOPPED_MARK = "stopped.json"
 
 
 def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool) -> None:
@@ -91,6 +94,37 @@ def write_gaussians(model_dir: Path, step: int, params: Dict[str, np.ndarray]) -
     path.parent.mkdir(parents=True, exist_ok=True)
     write_ply(path, params)
     return path
+
+
+def write_model(model_dir: Path, step: int, params: Dict[str, np.ndarray], stopped: Optional[dict] = None,
+                appearance: Optional[dict] = None) -> None:
+    """The Gaussians at `step`; `stopped` ({"stopped_by", "progress"}) marks a run that ended
+    before its end so that `--resume` continues it, and a finished model clears that mark;
+    `appearance`: the per-photo colour corrections. Older iterations go only once the new one
+    is written, so a failed write leaves the previous model as it was."""
+    model_dir = Path(model_dir)
+    write_gaussians(model_dir, step, params)
+    if stopped is not None:
+        atomic_write_json(model_dir / STOPPED_MARK, {"iteration": step, **stopped})
+    else:
+        (model_dir / STOPPED_MARK).unlink(missing_ok=True)
+    remove_other_iterations(model_dir, keep=step)  # a model replaced by --overwrite goes only now
+    if appearance is not None:
+        atomic_write_json(model_dir / "appearance.json", appearance)
+
+
+def stopped_mark(model_dir: Path) -> Optional[dict]:
+    """The mark of a run stopped before its end ({"iteration", "stopped_by", "progress"}), when it
+    describes the model the folder holds; None for a finished model or a mark left stale."""
+    path = Path(model_dir) / STOPPED_MARK
+    if not path.is_file():
+        return None
+    try:
+        mark = read_json(path)
+    except InputError:
+        return None
+    fields_ok = isinstance(mark.get("stopped_by"), str) and isinstance(mark.get("progress"), (int, float))
+    return mark if fields_ok and mark.get("iteration") == latest_iteration(model_dir) else None
 
 
 def remove_other_iterations(model_dir: Path, keep: int) -> None:

@@ -48,11 +48,27 @@ def save_checkpoint(model_dir: Path, step: int, state: dict) -> Path:
     folder = checkpoint_dir(model_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:07d}.pt"
-    with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT_VERSION, "step": step, **state}, tmp)
+    # Through a Python file, not a path, so that a full disk is an OSError (ENOSPC), which
+    # atomic_path turns into one line; torch's own file writer reports only a RuntimeError about
+    # positions, and its zip writer still raises one while closing after the OSError: the OSError
+    # behind it is what the user needs to read.
+    with atomic_path(path) as tmp, open(tmp, "wb") as file:
+        try:
+            torch.save({"format": FORMAT_VERSION, "step": step, **state}, file)
+        except RuntimeError as exc:
+            cause = _os_error_behind(exc)
+            if cause is None:
+                raise
+            raise cause from None
     for _, old in list_checkpoints(model_dir)[KEEP:]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _os_error_behind(exc: Optional[BaseException]) -> Optional[OSError]:
+    while exc is not None and not isinstance(exc, OSError):
+        exc = exc.__context__
+    return exc
 
 
 def remove_checkpoints(model_dir: Path) -> None:

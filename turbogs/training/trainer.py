@@ -8,9 +8,10 @@ One step is the algorithm of the paper, in order:
 A step trains one view, or several: `--batch-views B` on one process, `--nproc R` ranks of B
 views each (turbogs/distributed/multiview.py says how the views are shared out and summed).
 
-Around it: learning-rate and SH schedules, a progress bar, checkpoints by wall
-clock (so a killed run can `--resume`), and at the end the model in INRIA's layout and
-an evaluation on the test views.
+Around it: learning-rate and SH schedules, a progress bar, and checkpoints by wall
+clock (so a killed run can `--resume`). SIGTERM, Ctrl-C and the viewer's Stop end the loop
+early, at a step every rank agrees on (training/stop.py). training/run.py then writes the model
+in INRIA's layout and evaluates it on the test views.
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ from turbogs.density.base import DensityStep
 from turbogs.distributed.multiview import ViewResult, combine, rank_slots, slot_generator
 from turbogs.distributed.world import LOCAL, World, parameter_checksum
 from turbogs.errors import TurboGSError
-from turbogs.evaluate import evaluate_views, write_evaluation
-from turbogs.fileio import atomic_write_json
-from turbogs.formats import model_folder as model
 from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.metrics import sampled_psnr_tensor
 from turbogs.optim.base import load_keeping_settings
@@ -46,6 +44,7 @@ from turbogs.training.dense_loss import photometric_loss
 from turbogs.training.init_points import initial_points
 from turbogs.training.observer import StepObserver
 from turbogs.training.running_stats import RunningStats
+from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
 from turbogs.training.views import TrainingViews, ViewOrder
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
@@ -78,7 +77,6 @@ class RunOptions:
     viewer: Optional[object] = None  # a turbogs.viewer.LiveViewer (rank 0's)
     log: Callable[[str], None] = print
     world: World = LOCAL  # this process's rank among the ranks of a data-parallel run
-    viewer_on_main: bool = False  # ranks > 0: rank 0 has a live viewer (its stop button stops every rank)
 
 
 # --- building blocks --------------------------------------------------------------
@@ -375,19 +373,24 @@ class Trainer:
         checkpoint.save_checkpoint(self.options.out_dir, self.step, self.state_dict())
 
     # --- the loop -----------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self, signals: Optional[StopSignals] = None) -> Optional[StopRequest]:
+        """Train to the end, or to a stop every rank agreed on (a signal caught by `signals`, the
+        viewer's Stop; training/stop.py), which it returns (also one that came too late to
+        shorten the run: it still decides the exit code). training/run.py then saves."""
         cfg, world = self.cfg, self.world
         last_checkpoint = last_refresh = time.perf_counter()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.options.progress and world.is_main),
                    dynamic_ncols=True, unit="step", desc="train")
         viewer = self.options.viewer
+        stop = StopAgreement(world, signals or StopSignals(), viewer, every=RANKS_READ_EVERY)
         try:
             while self.progress() < 1.0:
                 if viewer is not None:
-                    viewer.wait_if_paused()
-                if self._stop_requested(viewer):
-                    self.log(f"stopped from the viewer at step {self.step}")
-                    break
+                    viewer.wait_if_paused(until=stop.signalled)
+                request = stop.check(self.step)
+                if request is not None:
+                    self.log(request.announce(self.step, world.size))
+                    return request
                 try:
                     self.run_step()
                 except OUT_OF_MEMORY:
@@ -417,15 +420,7 @@ class Trainer:
                     last_checkpoint = time.perf_counter()
         finally:
             bar.close()
-        return self.finish()
-
-    def _stop_requested(self, viewer) -> bool:
-        """Whether the live viewer's stop button was pressed; with several ranks, rank 0's
-        viewer speaks for all (one tiny broadcast per step, only when there is a viewer)."""
-        stop = viewer is not None and viewer.stop_requested
-        if self.world.size > 1 and (viewer is not None or self.options.viewer_on_main):
-            stop = self.world.broadcast_float(float(stop)) > 0
-        return stop
+        return stop.check(self.step, final=True)
 
     def _out_of_memory(self) -> TurboGSError:
         """Keep the work done so far, and say how to continue in less memory. The failed step
@@ -453,30 +448,12 @@ class Trainer:
         return {"loss": self.stats.loss, "psnr": self.stats.psnr, "num_gaussians": len(self.gaussians),
                 "elapsed": self.elapsed, "skipped_steps": self.stats.skipped_steps, **self.stats.density_figures()}
 
-    def finish(self) -> dict:
-        """Write the model (atomically), a final checkpoint, and evaluate: rank 0 alone."""
-        options = self.options
-        out = Path(options.out_dir)
+    def summary(self) -> dict:
+        """The run's figures, for results.json and the last line the user reads."""
         self.read_device_figures(final=True)
-        summary = {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
-                   "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
-                   "backend": kernels.backend_name(self.device),
-                   # steps count optimizer steps: views trained = steps x world_size x batch_views
-                   "world_size": self.world.size, "batch_views": self.cfg.batch_views,
-                   "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
-        # Every rank leaves the process group together, now: a rank that leaves while another still
-        # holds the group can abort in gloo's teardown. Rank 0 then writes and evaluates with no
-        # rank waiting on it (a collective's timeout would cut a long evaluation short).
-        self.world.barrier()
-        self.world.close()
-        if not self.world.is_main:
-            return summary
-        self.save_checkpoint()
-        model.write_gaussians(out, self.step, {k: v.cpu().numpy() for k, v in self.gaussians.raw().items()})
-        model.remove_other_iterations(out, keep=self.step)  # a model replaced by --overwrite goes only now
-        if self.appearance is not None:  # the per-photo corrections; the model itself stays uncorrected
-            atomic_write_json(out / "appearance.json", self.appearance.as_json([c.name for c in self.scene.train]))
-        if options.evaluate and self.scene.test:
-            evaluation = evaluate_views(self.gaussians, self.scene.test, self.background, self.log)
-            summary = write_evaluation(out, self.step, evaluation, summary, options.save_test_images)
-        return summary
+        return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
+                "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                "backend": kernels.backend_name(self.device),
+                # steps count optimizer steps: views trained = steps x world_size x batch_views
+                "world_size": self.world.size, "batch_views": self.cfg.batch_views,
+                "views_per_second": round(self.step * self.views_per_step / max(self.elapsed, 1e-9), 3)}
