@@ -282,7 +282,8 @@ def mounts(tmp_path):
         result = subprocess.run(["mount", *map(str, args)], capture_output=True, text=True)
         if result.returncode != 0:
             pytest.skip(f"cannot mount here: {result.stderr.strip()}")
-        made.append(args[-1])
+        if args[-1] not in made:  # a remount changes a mount already made
+            made.append(args[-1])
 
     yield mount
     for target in reversed(made):
@@ -316,7 +317,7 @@ def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_files(fail
             (disk / "filler").write_bytes(b"\0" * (room.f_bavail * room.f_frsize - path.stat().st_size // 2))
         elif step == 5:  # the checkpoint folder alone, bound onto itself read-only
             mounts("--bind", path.parent, path.parent)
-            mounts("-o", "remount,bind,ro", path.parent, path.parent)
+            mounts("-o", "remount,bind,ro", path.parent)
         return path
 
     monkeypatch.setattr(checkpoint, "save_checkpoint", save_then_break_the_disk)
