@@ -3,9 +3,10 @@
     python benchmarks/preemption.py SCENE [-r 8] [--nproc 1] [--trials 5] [--steps 3000] [--window 20,60]
 
 Each trial starts `turbogs train SCENE --steps N` (turbo preset, checkpoints every 60 s as by
-default), sends it SIGTERM at a random moment of the --window (seconds after the run's line
-about its initialisation, which comes just before training; the signal goes to the process the
-user started, the launcher with --nproc 2), and reads back:
+default), sends it SIGTERM at a random moment of the --window (seconds after training started:
+after every process of the run catches SIGTERM, which it does from its first training step on,
+as /proc/PID/status shows; the signal goes to the process the user started, the launcher with
+--nproc 2), and reads back:
 - the step the run stopped at (its own line) and the newest checkpoint's step, read from the
   file: the steps lost are their difference;
 - the steps a kill at the same moment would have lost: since the last periodic checkpoint;
@@ -40,6 +41,27 @@ from turbogs.training import checkpoint  # noqa: E402
 STOP_LINE = re.compile(r"^SIG\w+(?: \(rank \d+, at step (\d+)\): every rank stops)? at step (\d+); saving")
 
 
+def catches_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def training_started(pid: int, nproc: int) -> bool:
+    """Whether the run's processes (the launcher and its ranks, or the one process) all catch
+    SIGTERM: the ranks do from their first training step on."""
+    try:
+        tree, todo = [], [pid]
+        while todo:
+            tree.append(todo.pop())
+            for task in Path(f"/proc/{tree[-1]}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        runs = [p for p in tree if b"turbogs" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return len(runs) == (nproc + 1 if nproc > 1 else 1) and all(catches_sigterm(p) for p in runs)
+    except (OSError, StopIteration):  # a process came or went while we looked
+        return False
+
+
 def trial(args, out: Path, delay: float) -> dict:
     command = [sys.executable, "-m", "turbogs", "train", args.scene, "--out", str(out), "--steps", str(args.steps),
                "--quiet", "--nproc", str(args.nproc), *(["-r", str(args.resolution)] if args.resolution else [])]
@@ -54,7 +76,7 @@ def trial(args, out: Path, delay: float) -> dict:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    while not any(line.startswith("initialisation") for _, line in lines):
+    while not training_started(process.pid, args.nproc):
         assert process.poll() is None, process.stderr.read()
         time.sleep(0.05)
     periodic = []  # the periodic checkpoints' steps, as they appear

@@ -28,8 +28,9 @@ def run_script(name, *args, timeout=240):
 
 def test_every_script_is_listed_here():
     assert set(SCRIPTS) == {"ablation.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
-                            "memory_per_gaussian.py", "refactor_identity.py", "scaling_cpu.py", "step_cost_cpu.py",
-                            "viewer_evidence.py"}, "a new script needs a smoke test here"
+                            "memory_per_gaussian.py", "preemption.py", "refactor_identity.py", "scaling_cpu.py",
+                            "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
+        "a new script needs a smoke test here"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -45,6 +46,8 @@ def test_every_script_answers_help(name):
     ("fuzz_long.py", ["--examples", "3"]),
     ("gloo_collectives.py", ["--sizes", "1,100", "--repeats", "2"]),
     ("step_cost_cpu.py", ["--repeats", "1", "--counts", "200"]),
+    ("stop_agreement.py", ["--steps", "2", "--repeats", "1", "--warmup", "1"]),
+    ("preemption.py", [DEMO, "--trials", "1", "--window", "1,2"]),
 ])
 def test_quick_scripts_run(name, args):
     done = run_script(name, *args)

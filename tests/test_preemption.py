@@ -126,6 +126,14 @@ def test_a_signal_saves_the_step_it_came_in_and_resume_ends_bit_for_bit_equal(tm
     assert resumed["psnr"] == whole["psnr"]
 
 
+def test_a_signal_after_the_last_step_keeps_a_finished_model_and_skips_the_evaluation(tmp_path):
+    out = tmp_path / "out"
+    summary = train_in_process(small_demo(tmp_path, views=8), out, 12, viewer=SignalAt(12))
+    assert summary["steps"] == 12 and summary["signal"] == "SIGTERM" and "stopped_by" not in summary
+    assert model_folder.latest_iteration(out) == 12 and model_folder.stopped_mark(out) is None
+    assert not (out / "results.json").exists()
+
+
 def test_a_stopped_run_is_not_overwritten_by_a_new_one(tmp_path, capsys):
     scene = small_demo(tmp_path, views=8)
     out = tmp_path / "out"
