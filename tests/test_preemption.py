@@ -287,7 +287,10 @@ def mounts(tmp_path):
     made = []
 
     def mount(*args):
-        result = subprocess.run(["mount", *map(str, args)], capture_output=True, text=True)
+        try:
+            result = subprocess.run(["mount", *map(str, args)], capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("no mount command here")
         if result.returncode != 0:
             pytest.skip(f"cannot mount here: {result.stderr.strip()}")
         if args[-1] not in made:  # a remount changes a mount already made
