@@ -172,7 +172,8 @@ class ErrorDensityConfig(DensityConfig):
     prune_min_scale: float = 1e-4  # prune if max scale < this x scene extent (0 = off)
     hidden_weight: float = 0.01  # prune if mean blending weight per exposure is below this ...
     hidden_min_exposures: int = 5  # ... over at least this many exposures in the window
-    opacity_decay: float = 1.0  # opacity <- opacity x this after each densification (1 = off)
+    opacity_decay: float = 1.0  # opacity <- opacity x this after each densification (1 = off) ...
+    opacity_decay_until: float = 1.0  # ... while progress is below this
 
     def __post_init__(self):
         def check(ok: bool, what: str):
@@ -323,7 +324,7 @@ class ErrorDrivenDensity(Strategy):
                                clones=rows.mask_index(clone, count["clone"]),
                                parents=rows.mask_index(to_split, count["split"]), n=cfg.split_into, extra=state))
 
-        if cfg.opacity_decay < 1.0:
+        if cfg.opacity_decay < 1.0 and progress < cfg.opacity_decay_until:
             decay_opacity(gaussians, cfg.opacity_decay)
         for value in state.values():  # the window restarts
             value.zero_()
