@@ -17,6 +17,13 @@ renderer. Four captures, each a few hundred kB:
 - `synthetic`: NeRF-synthetic layout: the objects alone, centred on the origin, on a
   transparent background (RGBA), 20 training and 5 test cameras on a sphere of radius 4
   looking at the origin, `transforms_train.json` / `transforms_test.json`, no points.
+- `fisheye`: a COLMAP text model with one OPENCV_FISHEYE camera (about 150 degrees across
+  the diagonal, all four k's non-zero, principal point off centre), 10 views around the
+  objects, SfM-like points. Its rays are bent here, in numpy, from the model's definition
+  (theta_d = theta (1 + k1 theta^2 + ... + k4 theta^8)), never through OpenCV, so a loader
+  that undistorts it must reproduce what a pinhole camera sees.
+- `fisheye_json`: the same views as a nerfstudio `transforms.json` with `camera_model:
+  OPENCV_FISHEYE`.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -56,7 +63,11 @@ SYNTHETIC_ANGLE_X = 0.6911112070083618  # the Blender scenes' camera_angle_x
 SYNTHETIC_RADIUS = 4.0
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 20, 5
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
-CAPTURES = ("forward", "forward_points", "exposure", "synthetic")
+FISHEYE_WIDTH, FISHEYE_HEIGHT = 96, 72
+FISHEYE_PARAMS = (44.0, 44.5, 47.2, 36.6, 0.03, -0.01, 0.004, -0.001)  # fx fy cx cy k1 k2 k3 k4
+FISHEYE_VIEWS = 10
+FISHEYE_RADIUS = 3.2
+CAPTURES = ("forward", "forward_points", "exposure", "synthetic", "fisheye", "fisheye_json")
 
 
 def intrinsics(width: int, height: int, focal: float) -> np.ndarray:
@@ -211,12 +222,96 @@ def make_synthetic(out_dir: str) -> None:
             json.dump({"camera_angle_x": SYNTHETIC_ANGLE_X, "frames": frames}, f, indent=1)
 
 
+def fisheye_rays(w2c: np.ndarray, params, u: np.ndarray, v: np.ndarray):
+    """World-space unit rays of an OPENCV_FISHEYE camera through pixel coordinates (u, v):
+    the distorted angle theta_d is the normalised radius, and theta solves
+    theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8) = theta_d (Newton)."""
+    fx, fy, cx, cy, k1, k2, k3, k4 = params
+    xd, yd = (u - cx) / fx, (v - cy) / fy
+    theta_d = np.hypot(xd, yd)
+    theta = theta_d.copy()
+    for _ in range(30):
+        t2 = theta * theta
+        value = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))) - theta_d
+        slope = 1 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
+        theta -= value / slope
+    scale = np.where(theta_d > 1e-12, np.sin(theta) / np.maximum(theta_d, 1e-12), 1.0)
+    cam_dirs = np.stack([xd * scale, yd * scale, np.cos(theta)], -1)
+    rot, trans = w2c[:3, :3], w2c[:3, 3]
+    dirs = cam_dirs @ rot
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    return np.ascontiguousarray(np.broadcast_to(-rot.T @ trans, dirs.shape)), dirs
+
+
+def render_fisheye(primitives, w2c: np.ndarray, params, width: int, height: int) -> np.ndarray:
+    sub = (np.arange(SUPERSAMPLE) + 0.5) / SUPERSAMPLE
+    jj, ii, sj, si = np.meshgrid(np.arange(height), np.arange(width), sub, sub, indexing="ij")
+    origins, dirs = fisheye_rays(w2c, params, (ii + si).ravel().astype(np.float64), (jj + sj).ravel().astype(np.float64))
+    return demo.trace(primitives, origins, dirs).reshape(height, width, SUPERSAMPLE * SUPERSAMPLE, 3).mean(axis=2)
+
+
+def fisheye_poses() -> List[np.ndarray]:
+    """A ring around the objects, bobbing in height so that the views are not coplanar."""
+    poses = []
+    for k in range(FISHEYE_VIEWS):
+        azimuth = 2 * math.pi * k / FISHEYE_VIEWS
+        elevation = math.radians(20.0 + 12.0 * math.sin(3 * azimuth))
+        center = demo.LOOK_AT + FISHEYE_RADIUS * np.array(
+            [math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth), math.sin(elevation)])
+        poses.append(demo.look_at(center, demo.LOOK_AT))
+    return poses
+
+
+# COLMAP's fisheye models: which of (fx fy cx cy k1 k2 k3 k4) each stores (the rest must be fx or 0).
+FISHEYE_MODEL_PARAMS = {"OPENCV_FISHEYE": (0, 1, 2, 3, 4, 5, 6, 7), "RADIAL_FISHEYE": (0, 2, 3, 4, 5),
+                        "SIMPLE_RADIAL_FISHEYE": (0, 2, 3, 4)}
+
+
+def make_fisheye(out_dir: str, as_json: bool, model: str = "OPENCV_FISHEYE", params=FISHEYE_PARAMS) -> None:
+    """The `fisheye` captures; `model` and `params` let a test write COLMAP's smaller fisheye models."""
+    primitives = demo.demo_primitives()
+    poses = fisheye_poses()
+    names = [f"images/frame_{k:03d}.png" for k in range(len(poses))]
+    for name, w2c in zip(names, poses):
+        write_png(os.path.join(out_dir, name), render_fisheye(primitives, w2c, params, FISHEYE_WIDTH, FISHEYE_HEIGHT))
+    # points: seen by >= 2 cameras through a pinhole of the same focal length (a narrower view)
+    K = intrinsics(FISHEYE_WIDTH, FISHEYE_HEIGHT, params[0])
+    points, colors = surface_points(primitives, poses, K, FISHEYE_WIDTH, FISHEYE_HEIGHT, np.random.default_rng(20))
+    if as_json:
+        fx, fy, cx, cy, k1, k2, k3, k4 = params
+        frames = [{"file_path": name, "transform_matrix": gl_matrix(w2c)} for name, w2c in zip(names, poses)]
+        write_ply(os.path.join(out_dir, "points3d.ply"), points, colors)
+        data = {"camera_model": "OPENCV_FISHEYE", "fl_x": fx, "fl_y": fy, "cx": cx, "cy": cy, "k1": k1, "k2": k2,
+                "k3": k3, "k4": k4, "w": FISHEYE_WIDTH, "h": FISHEYE_HEIGHT, "ply_file_path": "points3d.ply",
+                "frames": frames}
+        with open(os.path.join(out_dir, "transforms.json"), "w") as f:
+            json.dump(data, f, indent=1)
+        return
+    sparse = os.path.join(out_dir, "sparse", "0")
+    os.makedirs(sparse, exist_ok=True)
+    stored = FISHEYE_MODEL_PARAMS[model]
+    if any(params[i] != (params[0] if i == 1 else 0.0) for i in set(range(8)) - set(stored)):
+        raise ValueError(f"{model} cannot hold the parameters {params}")
+    text = " ".join(repr(float(params[i])) for i in stored)
+    with open(os.path.join(sparse, "cameras.txt"), "w", newline="\n") as f:
+        f.write(f"1 {model} {FISHEYE_WIDTH} {FISHEYE_HEIGHT} {text}\n")
+    with open(os.path.join(sparse, "images.txt"), "w", newline="\n") as f:
+        for index, (name, w2c) in enumerate(zip(names, poses)):
+            values = " ".join(repr(float(x)) for x in (*demo.rotation_to_quaternion(w2c[:3, :3]), *w2c[:3, 3]))
+            f.write(f"{index + 1} {values} 1 {name[len('images/'):]}\n\n")
+    with open(os.path.join(sparse, "points3D.txt"), "w", newline="\n") as f:
+        for index, (xyz, rgb) in enumerate(zip(points, demo.to_uint8(colors))):
+            f.write(f"{index + 1} {xyz[0]:.6f} {xyz[1]:.6f} {xyz[2]:.6f} {rgb[0]} {rgb[1]} {rgb[2]} 0.5\n")
+
+
 def make_capture(name: str, out_dir: str) -> str:
     """Write capture `name` into out_dir/name; returns that folder."""
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
+    elif name in ("fisheye", "fisheye_json"):
+        make_fisheye(folder, as_json=name == "fisheye_json")
     elif name in ("forward", "forward_points", "exposure"):
         make_forward(folder, with_points=name != "forward", exposure=name == "exposure")
     else:
