@@ -24,6 +24,11 @@ renderer. Four captures, each a few hundred kB:
   that undistorts it must reproduce what a pinhole camera sees.
 - `fisheye_json`: the same views as a nerfstudio `transforms.json` with `camera_model:
   OPENCV_FISHEYE`.
+- `photos`: a folder of photos and nothing else (no poses, no points), for structure from motion:
+  16 views at 192x144 on a ring around the demo objects (one ray per pixel, for speed), whose colours are modulated by a multi-scale noise
+  (SIFT needs texture that does not repeat). The true world-to-camera poses go beside the folder,
+  in `photos_poses.json`, for tests to compare SfM's cameras with; `orbit_frames` gives a denser
+  ring of the same scene for a test video.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -67,18 +72,21 @@ FISHEYE_WIDTH, FISHEYE_HEIGHT = 96, 72
 FISHEYE_PARAMS = (44.0, 44.5, 47.2, 36.6, 0.03, -0.01, 0.004, -0.001)  # fx fy cx cy k1 k2 k3 k4
 FISHEYE_VIEWS = 10
 FISHEYE_RADIUS = 3.2
-CAPTURES = ("forward", "forward_points", "exposure", "synthetic", "fisheye", "fisheye_json")
+PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL = 192, 144, 172.0
+PHOTO_VIEWS = 16
+CAPTURES = ("forward", "forward_points", "exposure", "synthetic", "fisheye", "fisheye_json", "photos")
 
 
 def intrinsics(width: int, height: int, focal: float) -> np.ndarray:
     return np.array([[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]])
 
 
-def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, background=None):
+def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, background=None, supersample=None):
     """[H, W, 3] colour and [H, W] coverage, SUPERSAMPLE^2 rays per pixel. With
     `background` None the demo's sky fills misses; otherwise coverage says how much of
     each pixel the objects cover (the alpha of a NeRF-synthetic image)."""
-    sub = (np.arange(SUPERSAMPLE) + 0.5) / SUPERSAMPLE
+    supersample = supersample or SUPERSAMPLE
+    sub = (np.arange(supersample) + 0.5) / supersample
     jj, ii, sj, si = np.meshgrid(np.arange(height), np.arange(width), sub, sub, indexing="ij")
     origins, dirs = demo.pixel_rays(w2c, K, (ii + si).ravel().astype(np.float64), (jj + sj).ravel().astype(np.float64))
     colors = demo.trace(primitives, origins, dirs)
@@ -86,7 +94,7 @@ def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, 
     hit = (prim_ids >= 0).astype(np.float64)
     if background is not None:
         colors[prim_ids < 0] = background
-    n = SUPERSAMPLE * SUPERSAMPLE
+    n = supersample * supersample
     return colors.reshape(height, width, n, 3).mean(axis=2), hit.reshape(height, width, n).mean(axis=2)
 
 
@@ -304,12 +312,71 @@ def make_fisheye(out_dir: str, as_json: bool, model: str = "OPENCV_FISHEYE", par
             f.write(f"{index + 1} {xyz[0]:.6f} {xyz[1]:.6f} {xyz[2]:.6f} {rgb[0]} {rgb[1]} {rgb[2]} 0.5\n")
 
 
+class Speckled:
+    """A primitive whose albedo is modulated by a sum of sines in random 3D directions and scales
+    (wavelengths of 0.15 to 1.5 world units): texture that never repeats, which SIFT matches."""
+
+    def __init__(self, base, seed: int):
+        rng = np.random.default_rng(seed)
+        directions = rng.normal(size=(24, 3))
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        self.base = base
+        self.waves = directions * np.geomspace(4.0, 40.0, 24)[:, None]
+        self.phases = rng.uniform(0.0, 2 * math.pi, 24)
+
+    def intersect(self, origins: np.ndarray, dirs: np.ndarray) -> np.ndarray:
+        return self.base.intersect(origins, dirs)
+
+    def normal(self, points: np.ndarray) -> np.ndarray:
+        return self.base.normal(points)
+
+    def albedo(self, points: np.ndarray) -> np.ndarray:
+        noise = np.sin(points @ self.waves.T + self.phases).mean(axis=1)  # about N(0, 0.14)
+        return np.clip(self.base.albedo(points) * (0.8 + 1.6 * noise)[:, None], 0.0, 1.0)
+
+
+def speckled_primitives() -> list:
+    return [Speckled(prim, seed) for seed, prim in enumerate(demo.demo_primitives(), start=30)]
+
+
+def orbit_frames(count: int, turns: float = 1.0) -> List[np.ndarray]:
+    """World-to-camera poses on a ring around the objects, rising from 22 to 38 degrees."""
+    poses = []
+    for k in range(count):
+        s = k / count
+        azimuth = 2 * math.pi * turns * s
+        elevation = math.radians(22.0 + 16.0 * s)
+        center = demo.LOOK_AT + demo.ORBIT_RADIUS * np.array(
+            [math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth), math.sin(elevation)])
+        poses.append(demo.look_at(center, demo.LOOK_AT))
+    return poses
+
+
+def render_photo(primitives, w2c: np.ndarray) -> np.ndarray:
+    K = intrinsics(PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL)
+    return render(primitives, w2c, K, PHOTO_WIDTH, PHOTO_HEIGHT, supersample=1)[0]
+
+
+def make_photos(out_dir: str) -> None:
+    primitives = speckled_primitives()
+    poses = orbit_frames(PHOTO_VIEWS)
+    truth = {}
+    for k, w2c in enumerate(poses):
+        name = f"IMG_{k:04d}.png"
+        write_png(os.path.join(out_dir, name), render_photo(primitives, w2c))
+        truth[name] = w2c.tolist()
+    with open(os.path.join(os.path.dirname(os.path.abspath(out_dir)), f"{os.path.basename(out_dir)}_poses.json"), "w") as f:
+        json.dump({"focal": PHOTO_FOCAL, "world_to_cam": truth}, f)
+
+
 def make_capture(name: str, out_dir: str) -> str:
     """Write capture `name` into out_dir/name; returns that folder."""
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
+    elif name == "photos":
+        make_photos(folder)
     elif name in ("fisheye", "fisheye_json"):
         make_fisheye(folder, as_json=name == "fisheye_json")
     elif name in ("forward", "forward_points", "exposure"):

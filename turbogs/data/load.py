@@ -145,7 +145,7 @@ def _read_source(scene_dir: Path, images: str, resolution, eval_split: bool, log
         raise InputError(f"{scene_dir / 'sparse'}: no COLMAP model (cameras.bin or cameras.txt) in sparse/0/ or sparse/")
     raise InputError(
         f"{scene_dir}: no scene found; looked for sparse/0/ or sparse/ (COLMAP), "
-        "transforms_train.json (NeRF-synthetic) and transforms.json (instant-ngp/nerfstudio)"
+        "transforms_train.json (NeRF-synthetic), transforms.json (instant-ngp/nerfstudio) and photos (for SfM)"
     )
 
 
