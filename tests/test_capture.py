@@ -204,3 +204,12 @@ def test_bad_inputs_are_one_line_and_exit_2(case, capsys, tmp_path, photos, monk
         if case in ("no overlap", "no pycolmap"):
             break  # one SfM run is enough: train runs the same code
     assert not (tmp_path / "in" / "sparse" / "0").exists()
+
+
+def test_the_camera_model_sfm_fits_is_a_choice(photos, capsys, tmp_path):
+    scene = tmp_path / "photos"
+    shutil.copytree(photos[0], scene)
+    code, out, err = run_cli(capsys, "sfm", scene, "--camera-model", "PINHOLE", "--quiet")
+    assert code == 0, err
+    model = colmap.read_model(scene / "sparse" / "0")
+    assert {camera.model for camera in model.cameras.values()} == {"PINHOLE"}

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ def prepare(path: Path, *, force: bool = False, frames: Optional[int] = None, ou
         log(f"using the COLMAP model in {model} from an earlier run (turbogs sfm --force runs SfM again)")
         return Prepared(path, images)
     if sequential and options.matching == "auto":
-        options = SfmOptions(matching="sequential", max_image_size=options.max_image_size, progress=options.progress)
+        options = dataclasses.replace(options, matching="sequential")
     log(f"structure from motion on {len(photos.names)} photos in {photos.images_dir}")
     summary = run_sfm(photos, options, log)
     for line in summary.lines():

@@ -40,11 +40,18 @@ MIN_REGISTERED = 3
 MAX_IMAGE_SIZE = 1600  # SIFT runs on images at most this wide (COLMAP's own default is 3200)
 
 
+# The camera models SfM may fit, all of which data/colmap.py reads and undistorts: COLMAP's default
+# (SIMPLE_RADIAL, one radial term) suits phone photos; the fisheye ones suit action cameras.
+CAMERA_MODELS = ("SIMPLE_RADIAL", "SIMPLE_PINHOLE", "PINHOLE", "RADIAL", "OPENCV", "OPENCV_FISHEYE",
+                 "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
+
+
 @dataclass
 class SfmOptions:
     matching: str = "auto"  # auto | exhaustive | sequential
     max_image_size: int = MAX_IMAGE_SIZE
     progress: bool = True
+    camera_model: str = "SIMPLE_RADIAL"
 
 
 def import_pycolmap():
@@ -53,8 +60,8 @@ def import_pycolmap():
         import pycolmap
     except ImportError:
         raise InputError(f"structure from motion needs pycolmap, which is not installed: {INSTALL}") from None
-    pycolmap.logging.minloglevel = 2  # errors only
-    pycolmap.logging.stderrthreshold = 2
+    pycolmap.logging.minloglevel = 3  # fatal only: what goes wrong reaches the user as our one line
+    pycolmap.logging.stderrthreshold = 3
     return pycolmap
 
 
@@ -123,6 +130,7 @@ def run_sfm(folder: PhotoFolder, options: SfmOptions = SfmOptions(), log: Callab
         extraction = pycolmap.FeatureExtractionOptions()
         extraction.max_image_size = options.max_image_size
         reader = pycolmap.ImageReaderOptions()
+        reader.camera_model = options.camera_model
         summary.seconds["features"] = _phase(
             "features", n, "img",
             lambda: pycolmap.extract_features(database, folder.images_dir, image_names=folder.names,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from turbogs.capture.sfm import CAMERA_MODELS
 from turbogs.cli.args import positive_int
 
 
@@ -28,6 +29,9 @@ def add_parser(subcommands) -> None:
                         "300 photos, sequential beyond and for video frames)")
     p.add_argument("--max-image-size", type=positive_int, default=1600, metavar="PX",
                    help="SIFT runs on images at most this many px wide and high (default 1600)")
+    p.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
+                   help="the COLMAP camera model SfM fits (default SIMPLE_RADIAL, for phone photos; OPENCV_FISHEYE "
+                        "and the other fisheye models for action cameras); training undistorts it on load")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -36,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from turbogs.capture.prepare import prepare
     from turbogs.capture.sfm import SfmOptions
 
-    options = SfmOptions(matching=args.matching, max_image_size=args.max_image_size, progress=not args.quiet)
+    options = SfmOptions(matching=args.matching, max_image_size=args.max_image_size, progress=not args.quiet,
+                         camera_model=args.camera_model)
     done = prepare(Path(args.photos), force=args.force, frames=args.frames, out=Path(args.out) if args.out else None,
                    options=options)
     print(f"train it: turbogs train {done.scene}")
