@@ -62,7 +62,7 @@ def main() -> None:
     print(f"# Our SfM against the shipped model: {args.scene.name}\n")
     print(f"command: python benchmarks/sfm_vs_shipped.py {args.scene} --steps {args.steps} -r {args.resolution} "
           f"--preset {args.preset} --seeds {args.seeds}\n")
-    print("SfM: " + next((line for line in sfm_out.splitlines() if line.startswith("SfM:")), "?"))
+    print(next((line for line in sfm_out.splitlines() if line.startswith("SfM:")), "SfM: ?"))
     print(f"SfM wall time (turbogs sfm, whole command): {sfm_seconds:.1f} s; registered {stats['registered']} of "
           f"{stats['total_images']}" + ("" if stats["registered"] == stats["total_images"]
                                         else " (the test splits differ: photos left out)") + "\n")
