@@ -81,6 +81,10 @@ def test_sfm_finds_the_cameras_the_renderer_used(photos, capsys, tmp_path):
     focal = model.cameras[model.images[0].camera_id].params[0]
     assert abs(focal / truth["focal"] - 1) < 0.02
 
+    # a video's flags on a folder are one line
+    code, _, err = run_cli(capsys, "sfm", scene, "--frames", 10)
+    assert code == 2 and "--frames is for a video" in err and len(err.strip().splitlines()) == 1
+
     # a second run reuses the model; --force runs SfM again
     code, out, _ = run_cli(capsys, "sfm", scene)
     assert code == 0 and "using the COLMAP model" in out and "registered" not in out

@@ -61,8 +61,9 @@ def prepare(path: Path, *, force: bool = False, frames: Optional[int] = None, ou
         else:
             log(f"using the frames already in {images_dir} (turbogs sfm --force extracts them again)")
         path, sequential = scene, True
-    elif out is not None:
-        raise InputError("--out names where a video's frames go; a folder of photos gets its model in sparse/0")
+    elif out is not None or frames is not None:
+        flag = "--out" if out is not None else "--frames"
+        raise InputError(f"{flag} is for a video (its frames); {path} is a folder, whose model goes to sparse/0")
     photos = find_photos(path)
     images = photos.images_option if photos.images_option != "images" else None
     model = find_model_folder(path)
