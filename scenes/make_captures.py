@@ -2,7 +2,7 @@
 
 The images come from `make_demo.py`'s analytic numpy ray caster (never from our
 rasterizer), so a trainer that scores well on them has learned the scene, not its own
-renderer. Five captures, each a few hundred kB:
+renderer. Eight captures, each a few hundred kB:
 
 - `forward`: instant-ngp `transforms.json`, 24 cameras on an arc on ONE side of the
   demo objects (azimuth -50..50 degrees, their aim jittered so the optical axes do not
@@ -22,6 +22,18 @@ renderer. Five captures, each a few hundred kB:
 - `synthetic`: NeRF-synthetic layout: the objects alone, centred on the origin, on a
   transparent background (RGBA), 20 training and 5 test cameras on a sphere of radius 4
   looking at the origin, `transforms_train.json` / `transforms_test.json`, no points.
+- `fisheye`: a COLMAP text model with one OPENCV_FISHEYE camera (about 150 degrees across
+  the diagonal, all four k's non-zero, principal point off centre), 10 views around the
+  objects, SfM-like points. Its rays are bent here, in numpy, from the model's definition
+  (theta_d = theta (1 + k1 theta^2 + ... + k4 theta^8)), never through OpenCV, so a loader
+  that undistorts it must reproduce what a pinhole camera sees.
+- `fisheye_json`: the same views as a nerfstudio `transforms.json` with `camera_model:
+  OPENCV_FISHEYE`.
+- `photos`: a folder of photos and nothing else (no poses, no points), for structure from motion:
+  16 views at 192x144 on a ring around the demo objects (one ray per pixel, for speed), whose colours are modulated by a multi-scale noise
+  (SIFT needs texture that does not repeat). The true world-to-camera poses go beside the folder,
+  in `photos_poses.json`, for tests to compare SfM's cameras with; `orbit_frames` gives a denser
+  ring of the same scene for a test video.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -61,7 +73,13 @@ SYNTHETIC_ANGLE_X = 0.6911112070083618  # the Blender scenes' camera_angle_x
 SYNTHETIC_RADIUS = 4.0
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 20, 5
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
-CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic")
+FISHEYE_WIDTH, FISHEYE_HEIGHT = 96, 72
+FISHEYE_PARAMS = (44.0, 44.5, 47.2, 36.6, 0.03, -0.01, 0.004, -0.001)  # fx fy cx cy k1 k2 k3 k4
+FISHEYE_VIEWS = 10
+FISHEYE_RADIUS = 3.2
+PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL = 192, 144, 172.0
+PHOTO_VIEWS = 16
+CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic", "fisheye", "fisheye_json", "photos")
 TEST_EVERY = 8  # the loader's --eval split: every 8th image in name order is a test view
 PASSER_BY_RADIUS = 0.3
 
@@ -70,11 +88,12 @@ def intrinsics(width: int, height: int, focal: float) -> np.ndarray:
     return np.array([[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]])
 
 
-def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, background=None):
+def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, background=None, supersample=None):
     """[H, W, 3] colour and [H, W] coverage, SUPERSAMPLE^2 rays per pixel. With
     `background` None the demo's sky fills misses; otherwise coverage says how much of
     each pixel the objects cover (the alpha of a NeRF-synthetic image)."""
-    sub = (np.arange(SUPERSAMPLE) + 0.5) / SUPERSAMPLE
+    supersample = supersample or SUPERSAMPLE
+    sub = (np.arange(supersample) + 0.5) / supersample
     jj, ii, sj, si = np.meshgrid(np.arange(height), np.arange(width), sub, sub, indexing="ij")
     origins, dirs = demo.pixel_rays(w2c, K, (ii + si).ravel().astype(np.float64), (jj + sj).ravel().astype(np.float64))
     colors = demo.trace(primitives, origins, dirs)
@@ -82,7 +101,7 @@ def render(primitives, w2c: np.ndarray, K: np.ndarray, width: int, height: int, 
     hit = (prim_ids >= 0).astype(np.float64)
     if background is not None:
         colors[prim_ids < 0] = background
-    n = SUPERSAMPLE * SUPERSAMPLE
+    n = supersample * supersample
     return colors.reshape(height, width, n, 3).mean(axis=2), hit.reshape(height, width, n).mean(axis=2)
 
 
@@ -242,12 +261,155 @@ def make_synthetic(out_dir: str) -> None:
             json.dump({"camera_angle_x": SYNTHETIC_ANGLE_X, "frames": frames}, f, indent=1)
 
 
+def fisheye_rays(w2c: np.ndarray, params, u: np.ndarray, v: np.ndarray):
+    """World-space unit rays of an OPENCV_FISHEYE camera through pixel coordinates (u, v):
+    the distorted angle theta_d is the normalised radius, and theta solves
+    theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8) = theta_d (Newton)."""
+    fx, fy, cx, cy, k1, k2, k3, k4 = params
+    xd, yd = (u - cx) / fx, (v - cy) / fy
+    theta_d = np.hypot(xd, yd)
+    theta = theta_d.copy()
+    for _ in range(30):
+        t2 = theta * theta
+        value = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))) - theta_d
+        slope = 1 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
+        theta -= value / slope
+    scale = np.where(theta_d > 1e-12, np.sin(theta) / np.maximum(theta_d, 1e-12), 1.0)
+    cam_dirs = np.stack([xd * scale, yd * scale, np.cos(theta)], -1)
+    rot, trans = w2c[:3, :3], w2c[:3, 3]
+    dirs = cam_dirs @ rot
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    return np.ascontiguousarray(np.broadcast_to(-rot.T @ trans, dirs.shape)), dirs
+
+
+def render_fisheye(primitives, w2c: np.ndarray, params, width: int, height: int) -> np.ndarray:
+    sub = (np.arange(SUPERSAMPLE) + 0.5) / SUPERSAMPLE
+    jj, ii, sj, si = np.meshgrid(np.arange(height), np.arange(width), sub, sub, indexing="ij")
+    origins, dirs = fisheye_rays(w2c, params, (ii + si).ravel().astype(np.float64), (jj + sj).ravel().astype(np.float64))
+    return demo.trace(primitives, origins, dirs).reshape(height, width, SUPERSAMPLE * SUPERSAMPLE, 3).mean(axis=2)
+
+
+def fisheye_poses() -> List[np.ndarray]:
+    """A ring around the objects, bobbing in height so that the views are not coplanar."""
+    poses = []
+    for k in range(FISHEYE_VIEWS):
+        azimuth = 2 * math.pi * k / FISHEYE_VIEWS
+        elevation = math.radians(20.0 + 12.0 * math.sin(3 * azimuth))
+        center = demo.LOOK_AT + FISHEYE_RADIUS * np.array(
+            [math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth), math.sin(elevation)])
+        poses.append(demo.look_at(center, demo.LOOK_AT))
+    return poses
+
+
+# COLMAP's fisheye models: which of (fx fy cx cy k1 k2 k3 k4) each stores (the rest must be fx or 0).
+FISHEYE_MODEL_PARAMS = {"OPENCV_FISHEYE": (0, 1, 2, 3, 4, 5, 6, 7), "RADIAL_FISHEYE": (0, 2, 3, 4, 5),
+                        "SIMPLE_RADIAL_FISHEYE": (0, 2, 3, 4)}
+
+
+def make_fisheye(out_dir: str, as_json: bool, model: str = "OPENCV_FISHEYE", params=FISHEYE_PARAMS) -> None:
+    """The `fisheye` captures; `model` and `params` let a test write COLMAP's smaller fisheye models."""
+    primitives = demo.demo_primitives()
+    poses = fisheye_poses()
+    names = [f"images/frame_{k:03d}.png" for k in range(len(poses))]
+    for name, w2c in zip(names, poses):
+        write_png(os.path.join(out_dir, name), render_fisheye(primitives, w2c, params, FISHEYE_WIDTH, FISHEYE_HEIGHT))
+    # points: seen by >= 2 cameras through a pinhole of the same focal length (a narrower view)
+    K = intrinsics(FISHEYE_WIDTH, FISHEYE_HEIGHT, params[0])
+    points, colors = surface_points(primitives, poses, K, FISHEYE_WIDTH, FISHEYE_HEIGHT, np.random.default_rng(20))
+    if as_json:
+        fx, fy, cx, cy, k1, k2, k3, k4 = params
+        frames = [{"file_path": name, "transform_matrix": gl_matrix(w2c)} for name, w2c in zip(names, poses)]
+        write_ply(os.path.join(out_dir, "points3d.ply"), points, colors)
+        data = {"camera_model": "OPENCV_FISHEYE", "fl_x": fx, "fl_y": fy, "cx": cx, "cy": cy, "k1": k1, "k2": k2,
+                "k3": k3, "k4": k4, "w": FISHEYE_WIDTH, "h": FISHEYE_HEIGHT, "ply_file_path": "points3d.ply",
+                "frames": frames}
+        with open(os.path.join(out_dir, "transforms.json"), "w") as f:
+            json.dump(data, f, indent=1)
+        return
+    sparse = os.path.join(out_dir, "sparse", "0")
+    os.makedirs(sparse, exist_ok=True)
+    stored = FISHEYE_MODEL_PARAMS[model]
+    if any(params[i] != (params[0] if i == 1 else 0.0) for i in set(range(8)) - set(stored)):
+        raise ValueError(f"{model} cannot hold the parameters {params}")
+    text = " ".join(repr(float(params[i])) for i in stored)
+    with open(os.path.join(sparse, "cameras.txt"), "w", newline="\n") as f:
+        f.write(f"1 {model} {FISHEYE_WIDTH} {FISHEYE_HEIGHT} {text}\n")
+    with open(os.path.join(sparse, "images.txt"), "w", newline="\n") as f:
+        for index, (name, w2c) in enumerate(zip(names, poses)):
+            values = " ".join(repr(float(x)) for x in (*demo.rotation_to_quaternion(w2c[:3, :3]), *w2c[:3, 3]))
+            f.write(f"{index + 1} {values} 1 {name[len('images/'):]}\n\n")
+    with open(os.path.join(sparse, "points3D.txt"), "w", newline="\n") as f:
+        for index, (xyz, rgb) in enumerate(zip(points, demo.to_uint8(colors))):
+            f.write(f"{index + 1} {xyz[0]:.6f} {xyz[1]:.6f} {xyz[2]:.6f} {rgb[0]} {rgb[1]} {rgb[2]} 0.5\n")
+
+
+class Speckled:
+    """A primitive whose albedo is modulated by a sum of sines in random 3D directions and scales
+    (wavelengths of 0.15 to 1.5 world units): texture that never repeats, which SIFT matches."""
+
+    def __init__(self, base, seed: int):
+        rng = np.random.default_rng(seed)
+        directions = rng.normal(size=(24, 3))
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        self.base = base
+        self.waves = directions * np.geomspace(4.0, 40.0, 24)[:, None]
+        self.phases = rng.uniform(0.0, 2 * math.pi, 24)
+
+    def intersect(self, origins: np.ndarray, dirs: np.ndarray) -> np.ndarray:
+        return self.base.intersect(origins, dirs)
+
+    def normal(self, points: np.ndarray) -> np.ndarray:
+        return self.base.normal(points)
+
+    def albedo(self, points: np.ndarray) -> np.ndarray:
+        noise = np.sin(points @ self.waves.T + self.phases).mean(axis=1)  # about N(0, 0.14)
+        return np.clip(self.base.albedo(points) * (0.8 + 1.6 * noise)[:, None], 0.0, 1.0)
+
+
+def speckled_primitives() -> list:
+    return [Speckled(prim, seed) for seed, prim in enumerate(demo.demo_primitives(), start=30)]
+
+
+def orbit_frames(count: int, turns: float = 1.0) -> List[np.ndarray]:
+    """World-to-camera poses on a ring around the objects, rising from 22 to 38 degrees."""
+    poses = []
+    for k in range(count):
+        s = k / count
+        azimuth = 2 * math.pi * turns * s
+        elevation = math.radians(22.0 + 16.0 * s)
+        center = demo.LOOK_AT + demo.ORBIT_RADIUS * np.array(
+            [math.cos(elevation) * math.cos(azimuth), math.cos(elevation) * math.sin(azimuth), math.sin(elevation)])
+        poses.append(demo.look_at(center, demo.LOOK_AT))
+    return poses
+
+
+def render_photo(primitives, w2c: np.ndarray) -> np.ndarray:
+    K = intrinsics(PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL)
+    return render(primitives, w2c, K, PHOTO_WIDTH, PHOTO_HEIGHT, supersample=1)[0]
+
+
+def make_photos(out_dir: str) -> None:
+    primitives = speckled_primitives()
+    poses = orbit_frames(PHOTO_VIEWS)
+    truth = {}
+    for k, w2c in enumerate(poses):
+        name = f"IMG_{k:04d}.png"
+        write_png(os.path.join(out_dir, name), render_photo(primitives, w2c))
+        truth[name] = w2c.tolist()
+    with open(os.path.join(os.path.dirname(os.path.abspath(out_dir)), f"{os.path.basename(out_dir)}_poses.json"), "w") as f:
+        json.dump({"focal": PHOTO_FOCAL, "world_to_cam": truth}, f)
+
+
 def make_capture(name: str, out_dir: str) -> str:
     """Write capture `name` into out_dir/name; returns that folder."""
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
+    elif name == "photos":
+        make_photos(folder)
+    elif name in ("fisheye", "fisheye_json"):
+        make_fisheye(folder, as_json=name == "fisheye_json")
     elif name in ("forward", "forward_points", "exposure", "masks"):
         make_forward(folder, with_points=name != "forward", exposure=name == "exposure", passers_by=name == "masks")
     else:

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e ".[test]"
+python -m pip install -q --disable-pip-version-check -e ".[test,capture]"
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

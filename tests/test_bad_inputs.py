@@ -150,7 +150,7 @@ def case_colmap(binary: bool, how: str):
                 named["cameras"].write_text(named["cameras"].read_text().replace("PINHOLE", "NOT_A_MODEL"))
             return train_args(scene, tmp), named["cameras"].name
         if how == "unsupported model":
-            with_camera(scene, binary, model="OPENCV_FISHEYE", params=np.array([115.0, 115, 64, 48, 0, 0, 0, 0]))
+            with_camera(scene, binary, model="THIN_PRISM_FISHEYE", params=np.array([115.0, 115, 64, 48] + [0] * 8))
             return train_args(scene, tmp), named["cameras"].name
         if how == "image missing":
             first_image(scene).unlink()

@@ -29,7 +29,7 @@ def run_script(name, *args, timeout=240):
 def test_every_script_is_listed_here():
     assert set(SCRIPTS) == {"ablation.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
                             "memory_per_gaussian.py", "preemption.py", "refactor_identity.py", "scaling_cpu.py",
-                            "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
+                            "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here"
 
 
@@ -78,3 +78,20 @@ def test_export_quality_on_a_small_model(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout[done.stdout.index("\n{") + 1:])  # after the export lines
     assert set(result["bytes"]) == {"ply", "splat", "spz", "sog"} and result["test_views"] == 4
+
+
+@pytest.mark.slow
+def test_sfm_vs_shipped_on_a_small_photo_capture(tmp_path):
+    """A capture whose 'shipped' model is one our SfM made: the table comes out, with both sides."""
+    pytest.importorskip("pycolmap")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_captures_bench", REPO / "scenes" / "make_captures.py")
+    captures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(captures)
+    captures.make_photos(str(tmp_path / "scene" / "images"))
+    assert main(["sfm", str(tmp_path / "scene"), "--quiet"]) == 0
+    done = run_script("sfm_vs_shipped.py", tmp_path / "scene", "--steps", "10", "-r", "1", "--out", tmp_path / "runs")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "registered 16 of 16" in done.stdout and "| 0 |" in done.stdout and "mean gap" in done.stdout
+

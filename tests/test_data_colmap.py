@@ -173,10 +173,10 @@ def test_bytes_after_the_declared_records_are_an_error(tmp_path):
 
 @pytest.mark.parametrize("binary", [True, False])
 def test_unsupported_camera_model_names_model_camera_and_file(tmp_path, binary):
-    fisheye = ColmapCamera(7, "OPENCV_FISHEYE", 32, 24, np.array([30, 30, 16, 12, 0.1, 0, 0, 0.0]))
+    fisheye = ColmapCamera(7, "THIN_PRISM_FISHEYE", 32, 24, np.array([30, 30, 16, 12, 0.1] + [0.0] * 7))
     write_scene(tmp_path, [fisheye], n_images=2, binary=binary)
     suffix = "bin" if binary else "txt"
-    with pytest.raises(InputError, match=rf"cameras\.{suffix}: camera 7 uses the OPENCV_FISHEYE model"):
+    with pytest.raises(InputError, match=rf"cameras\.{suffix}: camera 7 uses the THIN_PRISM_FISHEYE model"):
         load_scene(tmp_path)
 
 

@@ -236,8 +236,8 @@ def test_nerfstudio_images_n_masks_and_points(tmp_path):
 
 
 def test_nerfstudio_errors(tmp_path):
-    write_nerfstudio(tmp_path, n=2, extra={"camera_model": "OPENCV_FISHEYE"})
-    with pytest.raises(InputError, match="camera model OPENCV_FISHEYE is not supported"):
+    write_nerfstudio(tmp_path, n=2, extra={"camera_model": "EQUIRECTANGULAR"})
+    with pytest.raises(InputError, match="camera model EQUIRECTANGULAR is not supported"):
         load_scene(tmp_path)
     write_nerfstudio(tmp_path, n=2, extra={"fl_x": None})
     with pytest.raises(InputError, match=r"transforms.json: frame 0 .*no focal length"):

@@ -22,7 +22,7 @@ LAYERS = [
     ["bench", "viewer"],
     ["training"],
     ["evaluate", "turbo", "density", "optim", "distributed"],
-    ["render", "formats"],
+    ["render", "formats", "capture"],
     ["data", "metrics", "kernels"],
     ["fileio", "tiles", "host_read", "gaussians", "geometry", "device"],
     ["errors"],

@@ -1,4 +1,4 @@
-"""`turbogs` command line: train | eval | render | export | view | bench.
+"""`turbogs` command line: train | sfm | eval | render | export | view | bench.
 
 One module per subcommand, each with `add_parser(subcommands)` (its flags) and `run(args)`;
 shared argument types and flags are in args.py. Every user-facing problem is a TurboGSError:
@@ -11,10 +11,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from turbogs.cli import bench, evaluate, export, render, train, view
+from turbogs.cli import bench, evaluate, export, render, sfm, train, view
 from turbogs.cli.args import run_command
 
-SUBCOMMANDS = (train, evaluate, render, export, view, bench)
+SUBCOMMANDS = (train, sfm, evaluate, render, export, view, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,9 @@ def add_parser(subcommands) -> None:
     p.add_argument("--path", choices=PATHS,
                    help="render a fly-through instead of the views: orbit the cameras' focus, LLFF's spiral, "
                         "or interpolate through the training cameras")
-    p.add_argument("--video", metavar="FILE.mp4", help="with --path: the MP4 to write")
+    p.add_argument("--video", metavar="FILE.mp4",
+                   help="with --path: the MP4 to write, H.264 (yuv420p, plays in browsers) through imageio-ffmpeg; "
+                        "without it installed, MPEG-4 Part 2 (mp4v), and a line says so")
     p.add_argument("--frames", type=positive_int, default=120, help="with --path: number of frames (default 120)")
     p.add_argument("--fps", type=positive_float, default=30.0, help="with --path: frames per second (default 30)")
     p.add_argument("--width", type=positive_int, help="with --path: frame width in px, rounded to even (default: the training views')")
@@ -69,8 +71,10 @@ def render_camera_path(args: argparse.Namespace, model_dir: Path, device) -> int
     scene = model.scene_for_model(model_dir, args.source, eval_split=False) if args.source else None
     cameras = path_cameras(model_dir, args.path, args.frames, args.width, scene)
     background = scene.background(device) if scene is not None else torch.zeros(3, device=device)  # black, as training's default
-    render_path(gaussians, cameras, background, Path(args.video) if args.video else None, args.fps,
-                Path(args.frames_dir) if args.frames_dir else None)
+    codec = render_path(gaussians, cameras, background, Path(args.video) if args.video else None, args.fps,
+                        Path(args.frames_dir) if args.frames_dir else None)
+    outputs = [f"{args.video} ({'H.264' if codec == 'h264' else codec})"] if args.video else []
+    outputs += [args.frames_dir] if args.frames_dir else []
     print(f"rendered {len(cameras)} frames ({cameras[0].width}x{cameras[0].height}, {args.path} path) to "
-          + " and ".join(str(p) for p in (args.video, args.frames_dir) if p))
+          + " and ".join(outputs))
     return 0

@@ -34,7 +34,9 @@ def add_parser(subcommands) -> None:
 
 def _capture_flags(p: argparse.ArgumentParser) -> None:
     """What to train on: the capture, its images, split and background."""
-    p.add_argument("scene", help="capture folder: COLMAP (sparse/ + images/) or transforms.json / NeRF-synthetic")
+    p.add_argument("scene", help="capture folder: COLMAP (sparse/ + images/) or transforms.json / NeRF-synthetic; "
+                                 "or a folder of photos, or a video, which get their cameras from SfM first "
+                                 "(turbogs sfm; needs the capture extra)")
     p.add_argument("--out", "-o", "-m", help="model folder to write (default: output/<scene name>)")
     p.add_argument("-r", "--resolution", type=resolution_arg,
                    help="downscale factor 1|2|4|8, or a target width in px (default: full size, capped at 1600 px wide)")
@@ -121,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     from turbogs.distributed import world as distributed
 
+    from_photos(args)
     out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
     if args.nproc > 1 and not distributed.launched_by_torchrun():
         from turbogs.distributed.launch import run_ranks, strip_nproc
@@ -135,6 +138,20 @@ def run(args: argparse.Namespace) -> int:
         return train_as_rank(args, world, device, out_dir)
     finally:
         world.close()
+
+
+def from_photos(args: argparse.Namespace) -> None:
+    """A folder of photos or a video: SfM first (or the model of an earlier run), then train on it.
+    Ranks started by --nproc run this again and find the model the launcher's run wrote."""
+    from turbogs.capture.prepare import needs_capture, prepare
+    from turbogs.capture.sfm import SfmOptions
+
+    if not needs_capture(Path(args.scene)):
+        return
+    done = prepare(Path(args.scene), options=SfmOptions(progress=not args.quiet))
+    args.scene = str(done.scene)
+    if done.images is not None and args.images == "images":
+        args.images = done.images
 
 
 def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int:

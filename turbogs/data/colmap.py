@@ -46,8 +46,12 @@ CAMERA_MODELS: Dict[int, Tuple[str, int]] = {
 }
 MODEL_IDS: Dict[str, int] = {name: model_id for model_id, (name, _) in CAMERA_MODELS.items()}
 
-# The models TurboGS can turn into a pinhole camera (the last three by undistorting).
-SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
+# The models TurboGS can turn into a pinhole camera (all but the first two by undistorting).
+# The fisheye ones are OpenCV's fisheye model (theta_d = theta (1 + k1 theta^2 + ... + k4 theta^8),
+# theta the angle from the optical axis) with fewer coefficients: COLMAP's models.h defines
+# SIMPLE_RADIAL_FISHEYE as k1 alone and RADIAL_FISHEYE as k1, k2.
+FISHEYE_MODELS = ("OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
+SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV") + FISHEYE_MODELS
 
 
 @dataclass
@@ -361,14 +365,15 @@ def _validate(cameras: Dict[int, ColmapCamera], images: List[ColmapImage], camer
             raise InputError(f"{where} has NaN or infinite intrinsics")
         if camera.width <= 0 or camera.height <= 0:
             raise InputError(f"{where} has size {camera.width}x{camera.height}")
-        focal = camera.params[:2] if camera.model in ("PINHOLE", "OPENCV") else camera.params[:1]
+        focal = camera.params[:2] if camera.model in ("PINHOLE", "OPENCV", "OPENCV_FISHEYE") else camera.params[:1]
         if not (focal > 0).all():
             raise InputError(f"{where} has a non-positive focal length")
 
 
 def intrinsics(camera: ColmapCamera) -> Tuple[np.ndarray, np.ndarray]:
-    """(K [3, 3], OpenCV distortion [k1, k2, p1, p2]) in COLMAP's pixel convention
-    (pixel centers at +0.5). Distortion is all zeros for the pinhole models."""
+    """(K [3, 3], distortion) in COLMAP's pixel convention (pixel centers at +0.5). The
+    distortion is OpenCV's [k1, k2, p1, p2] (all zeros for the pinhole models), or for the
+    FISHEYE_MODELS OpenCV's fisheye [k1, k2, k3, k4]."""
     p = camera.params
     dist = np.zeros(4)
     if camera.model == "SIMPLE_PINHOLE":
@@ -384,9 +389,13 @@ def intrinsics(camera: ColmapCamera) -> Tuple[np.ndarray, np.ndarray]:
         fx = fy = p[0]
         cx, cy = p[1], p[2]
         dist[:2] = p[3:5]
-    elif camera.model == "OPENCV":
+    elif camera.model in ("OPENCV", "OPENCV_FISHEYE"):
         fx, fy, cx, cy = p[:4]
         dist[:] = p[4:8]
+    elif camera.model in ("SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE"):
+        fx = fy = p[0]
+        cx, cy = p[1], p[2]
+        dist[: len(p) - 3] = p[3:]
     else:  # _validate rejects these before we get here
         raise InputError(f"camera {camera.camera_id}: unsupported model {camera.model}")
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])

@@ -70,6 +70,7 @@ class ViewSpec:
     width: Optional[int] = None  # the size the intrinsics refer to; None = the image's size
     height: Optional[int] = None
     dist: Optional[np.ndarray] = None  # OpenCV k1 k2 p1 p2 [k3]; None or zeros = pinhole
+    fisheye: bool = False  # True: `dist` is OpenCV's fisheye k1 k2 k3 k4 (equidistant even when all zero)
     folder: Optional[Path] = None  # images folder that has `<folder>_N` siblings, if any
     rel: str = ""  # path of the image inside `folder`
     mask_path: Optional[Path] = None
@@ -263,28 +264,77 @@ def has_distortion(dist: Optional[np.ndarray]) -> bool:
     return dist is not None and bool(np.any(np.asarray(dist) != 0))
 
 
-def make_undistortion(K: np.ndarray, dist: Sequence[float], size: Tuple[int, int]) -> Undistortion:
+def make_undistortion(K: np.ndarray, dist: Sequence[float], size: Tuple[int, int], fisheye: bool = False) -> Undistortion:
     """OpenCV undistortion that keeps only valid pixels (alpha=0), cropped to the valid ROI.
 
     K uses the COLMAP/scene convention (pixel centers at +0.5); OpenCV puts centers at
     integer coordinates, so the principal point is shifted by half a pixel going in and
     coming back out. Distortion coefficients are in normalised coordinates and do not
-    depend on the image size.
+    depend on the image size. `fisheye`: `dist` is OpenCV's (and COLMAP's) fisheye model,
+    theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8).
     """
     w, h = size
     K_cv = np.array(K, dtype=np.float64)
     K_cv[0, 2] -= 0.5
     K_cv[1, 2] -= 0.5
     dist = np.asarray(dist, dtype=np.float64)
+    if fisheye:
+        return _fisheye_undistortion(K_cv, dist, (w, h))
     new_K, roi = cv2.getOptimalNewCameraMatrix(K_cv, dist, (w, h), 0.0, (w, h))
     x, y, rw, rh = (int(v) for v in roi)
     if rw <= 0 or rh <= 0:  # extreme distortion; keep the full frame rather than nothing
         x, y, rw, rh = 0, 0, w, h
     map_x, map_y = cv2.initUndistortRectifyMap(K_cv, dist, None, new_K, (w, h), cv2.CV_32FC1)
+    return _with_roi(new_K, map_x, map_y, (x, y, rw, rh))
+
+
+def _with_roi(new_K: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, roi) -> Undistortion:
+    """The Undistortion whose K is `new_K` (OpenCV centres) moved to the crop, centres at +0.5."""
+    x, y = roi[0], roi[1]
     out_K = np.array(new_K, dtype=np.float64)
     out_K[0, 2] += 0.5 - x
     out_K[1, 2] += 0.5 - y
-    return Undistortion(out_K, map_x, map_y, (x, y, rw, rh))
+    return Undistortion(out_K, map_x, map_y, tuple(int(v) for v in roi))
+
+
+def _fisheye_undistortion(K_cv: np.ndarray, dist: np.ndarray, size: Tuple[int, int]) -> Undistortion:
+    """The same crop rule as `cv2.getOptimalNewCameraMatrix(alpha=0)`, for the fisheye model,
+    which OpenCV's fisheye module lacks (its `balance` scales the focal length instead):
+    undistort a 9x9 grid over the image, take the rectangle inside the undistorted left,
+    right, top and bottom edges, and map it onto the whole output. A last check trims any
+    border row or column whose source lies outside the image, so every kept pixel is real."""
+    w, h = size
+    if dist.shape != (4,):
+        raise InputError(f"a fisheye camera needs 4 distortion coefficients (k1 k2 k3 k4), got {dist.tolist()}")
+    xs, ys = np.linspace(0.0, w - 1.0, 9), np.linspace(0.0, h - 1.0, 9)
+    grid = np.stack(np.meshgrid(xs, ys), axis=-1).reshape(-1, 1, 2)
+    flat = cv2.fisheye.undistortPoints(grid, K_cv, dist)
+    # Beyond 90 degrees off axis (or where the coefficients fold the image) a pixel has no pinhole
+    # ray, yet OpenCV returns some number: each point is distorted back, and those that do not
+    # return are left out (a corner of a very wide lens; the trim below keeps its region out).
+    back = cv2.fisheye.distortPoints(np.nan_to_num(flat), K_cv, dist)
+    ok = (np.abs(back - grid).max(axis=2) < 0.05).reshape(9, 9) & np.isfinite(flat).all(axis=2).reshape(9, 9)
+    flat = flat.reshape(9, 9, 2)
+    sides = [(flat[:, 0, 0], ok[:, 0]), (flat[:, -1, 0], ok[:, -1]), (flat[0, :, 1], ok[0]), (flat[-1, :, 1], ok[-1])]
+    if any(good.sum() < 3 for _, good in sides):
+        left = right = top = bottom = 0.0
+    else:
+        (left, right, top, bottom) = (values[good].max() if i in (0, 2) else values[good].min()
+                                      for i, (values, good) in enumerate(sides))
+    if not (right > left and bottom > top):
+        raise InputError(f"fisheye camera (K {K_cv.round(3).tolist()}, k {dist.tolist()}): its field of view "
+                         "cannot be undistorted to a pinhole image (too wide, or coefficients that fold the image)")
+    fx, fy = (w - 1.0) / (right - left), (h - 1.0) / (bottom - top)
+    new_K = np.array([[fx, 0.0, -fx * left], [0.0, fy, -fy * top], [0.0, 0.0, 1.0]])
+    map_x, map_y = cv2.fisheye.initUndistortRectifyMap(K_cv, dist, np.eye(3), new_K, (w, h), cv2.CV_32FC1)
+    inside = (map_x >= -0.01) & (map_x <= w - 0.99) & (map_y >= -0.01) & (map_y <= h - 0.99)  # no blend with black
+    x0, y0, x1, y1 = 0, 0, w, h
+    while x1 - x0 > 1 and y1 - y0 > 1 and not inside[y0:y1, x0:x1].all():
+        box = inside[y0:y1, x0:x1]
+        # drop the border line with the most pixels outside
+        worst = int(np.argmax([(~box[:, 0]).sum(), (~box[:, -1]).sum(), (~box[0]).sum(), (~box[-1]).sum()]))
+        x0, x1, y0, y1 = x0 + (worst == 0), x1 - (worst == 1), y0 + (worst == 2), y1 - (worst == 3)
+    return _with_roi(new_K, map_x, map_y, (x0, y0, x1 - x0, y1 - y0))
 
 
 class UndistortionCache:
@@ -295,12 +345,13 @@ class UndistortionCache:
         self._maps: Dict[bytes, Undistortion] = {}
         self._lock = threading.Lock()
 
-    def get(self, K: np.ndarray, dist: np.ndarray, size: Tuple[int, int]) -> Undistortion:
-        key = np.asarray(K, np.float64).tobytes() + np.asarray(dist, np.float64).tobytes() + bytes(str(size), "ascii")
+    def get(self, K: np.ndarray, dist: np.ndarray, size: Tuple[int, int], fisheye: bool = False) -> Undistortion:
+        key = (np.asarray(K, np.float64).tobytes() + np.asarray(dist, np.float64).tobytes()
+               + bytes(f"{size}{fisheye}", "ascii"))
         with self._lock:
             found = self._maps.get(key)
         if found is None:
-            found = make_undistortion(K, dist, size)
+            found = make_undistortion(K, dist, size, fisheye)
             with self._lock:
                 self._maps[key] = found
         return found

@@ -145,7 +145,7 @@ def _read_source(scene_dir: Path, images: str, resolution, eval_split: bool, log
         raise InputError(f"{scene_dir / 'sparse'}: no COLMAP model (cameras.bin or cameras.txt) in sparse/0/ or sparse/")
     raise InputError(
         f"{scene_dir}: no scene found; looked for sparse/0/ or sparse/ (COLMAP), "
-        "transforms_train.json (NeRF-synthetic) and transforms.json (instant-ngp/nerfstudio)"
+        "transforms_train.json (NeRF-synthetic), transforms.json (instant-ngp/nerfstudio) and photos (for SfM)"
     )
 
 
@@ -158,6 +158,7 @@ def _colmap_source(scene_dir: Path, model_folder: Path, images: str, resolution)
     for image in model.images:
         camera = model.cameras[image.camera_id]
         K, dist = colmap.intrinsics(camera)
+        fisheye = camera.model in colmap.FISHEYE_MODELS
         view = ViewSpec(
             name=image.name,
             path=images_dir / image.name,
@@ -165,7 +166,8 @@ def _colmap_source(scene_dir: Path, model_folder: Path, images: str, resolution)
             intrinsics=Intrinsics(fx=K[0, 0], fy=K[1, 1], cx=K[0, 2], cy=K[1, 2]),
             width=camera.width,
             height=camera.height,
-            dist=dist if has_distortion(dist) else None,
+            dist=dist if has_distortion(dist) or fisheye else None,
+            fisheye=fisheye,
             folder=images_dir,
             rel=image.name,
             mask_path=find_mask(masks_dir, image.name),
@@ -339,8 +341,9 @@ class _ViewLoader:
             file_mask = binarize(resize(file_mask, (w, h)))
             mask = file_mask if mask is None else mask * file_mask
 
-        if has_distortion(view.dist):
-            undistortion = self.undistortions.get(K, view.dist, (w, h))
+        if view.fisheye or has_distortion(view.dist):
+            dist = view.dist if view.dist is not None else np.zeros(4)
+            undistortion = self.undistortions.get(K, dist, (w, h), view.fisheye)
             rgb = undistortion.apply(rgb)
             if mask is not None:
                 mask = binarize(undistortion.apply(mask))

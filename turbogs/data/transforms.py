@@ -29,7 +29,7 @@ from turbogs.fileio import read_json
 # OpenGL camera axes -> OpenCV camera axes: flip y and z.
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG")
-UNSUPPORTED_CAMERA_MODELS = ("OPENCV_FISHEYE", "EQUIRECTANGULAR", "FISHEYE")
+UNSUPPORTED_CAMERA_MODELS = ("EQUIRECTANGULAR", "FISHEYE")
 
 
 @dataclass
@@ -142,7 +142,9 @@ def read_nerf_synthetic(scene: Path, split: str) -> Optional[FrameSet]:
 
 
 def _frame_intrinsics(data: Dict[str, Any], frame: Dict[str, Any], index: int, path: Path):
-    """(Intrinsics, width, height, distortion or None) with per-frame overrides."""
+    """(Intrinsics, width, height, distortion or None, fisheye) with per-frame overrides.
+    nerfstudio's OPENCV_FISHEYE keeps its k1..k4 in OpenCV's fisheye model; the pinhole
+    models' k1 k2 p1 p2 [k3] are OpenCV's radial-tangential one."""
     where = f"{path}: frame {index} ({frame['file_path']})"
 
     def get(key: str) -> Optional[float]:
@@ -175,14 +177,18 @@ def _frame_intrinsics(data: Dict[str, Any], frame: Dict[str, Any], index: int, p
         fy = fx  # square pixels unless told otherwise (None stays None: resolved from fov_x later)
     intrinsics = Intrinsics(fx=fx, fy=fy, cx=get("cx"), cy=get("cy"), fov_x=fov_x, fov_y=fov_y)
 
-    coefficients = [get(k) or 0.0 for k in ("k1", "k2", "p1", "p2", "k3")]
-    dist = np.array(coefficients if coefficients[4] else coefficients[:4])
-    if not dist.any():
-        dist = None
-    elif width is None or height is None:
-        raise InputError(f"{where}: distortion needs the image size 'w' and 'h'")
+    fisheye = model == "OPENCV_FISHEYE"
+    if fisheye:
+        dist = np.array([get(k) or 0.0 for k in ("k1", "k2", "k3", "k4")])
+    else:
+        coefficients = [get(k) or 0.0 for k in ("k1", "k2", "p1", "p2", "k3")]
+        dist = np.array(coefficients if coefficients[4] else coefficients[:4])
+        if not dist.any():
+            dist = None
+    if (dist is not None) and (width is None or height is None):
+        raise InputError(f"{where}: {'a fisheye camera' if fisheye else 'distortion'} needs the image size 'w' and 'h'")
     size = (None, None) if width is None or height is None else (int(width), int(height))
-    return intrinsics, size[0], size[1], dist
+    return intrinsics, size[0], size[1], dist, fisheye
 
 
 def read_nerfstudio(scene: Path, images: str = "images") -> Tuple[FrameSet, Optional[Path]]:
@@ -196,7 +202,7 @@ def read_nerfstudio(scene: Path, images: str = "images") -> Tuple[FrameSet, Opti
     result = FrameSet(source=path)
     for index, frame in enumerate(_frames(data, path)):
         world_to_cam = gl_cam_to_world_to_cv_world_to_cam(frame, index, path)
-        intrinsics, width, height, dist = _frame_intrinsics(data, frame, index, path)
+        intrinsics, width, height, dist, fisheye = _frame_intrinsics(data, frame, index, path)
         image = resolve_image(scene, frame["file_path"])
         if image is None:
             result.missing.append(frame["file_path"])
@@ -222,6 +228,7 @@ def read_nerfstudio(scene: Path, images: str = "images") -> Tuple[FrameSet, Opti
                 width=width,
                 height=height,
                 dist=dist,
+                fisheye=fisheye,
                 folder=folder,
                 rel=rel,
                 mask_path=mask_path,

@@ -5,10 +5,9 @@ rotation and position, fx, fy, width, height), so a video needs no training imag
 use the first training camera's field of view, at --width pixels (even sizes: most MP4
 decoders need them).
 
-The MP4 goes through OpenCV's VideoWriter with the 'mp4v' (MPEG-4 Part 2) codec: the one that
-every opencv-python(-headless) wheel can write (H.264 needs an encoder those wheels lack). It is
-written to a temporary name and renamed when the last frame is in, so an interrupted render never
-leaves a half video under the real name.
+The MP4 is H.264 (yuv420p) through imageio-ffmpeg, or 'mp4v' through OpenCV where that is not
+installed (turbogs.render.mp4). It is written to a temporary name and renamed when the last frame
+is in, so an interrupted render never leaves a half video under the real name.
 """
 
 from __future__ import annotations
@@ -19,15 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-import cv2
 import numpy as np
 import torch
 
 from turbogs.data.scene import Camera
-from turbogs.errors import InputError, TurboGSError
+from turbogs.errors import InputError
 from turbogs.fileio import atomic_path
-
-FOURCC = "mp4v"
+from turbogs.render.mp4 import open_mp4
 
 
 @dataclass
@@ -108,8 +105,9 @@ def path_cameras(model: Path, kind: str, frames: int, width: Optional[int], scen
 
 
 def render_path(gaussians, cameras: List[Camera], background: torch.Tensor, video: Optional[Path],
-                fps: float, frames_dir: Optional[Path], progress: bool = True) -> None:
-    """Render every camera; stream the frames into `video` (MP4) and/or PNGs in `frames_dir`."""
+                fps: float, frames_dir: Optional[Path], progress: bool = True, log=print) -> str:
+    """Render every camera; stream the frames into `video` (MP4) and/or PNGs in `frames_dir`.
+    Returns the video's codec ('h264' or 'mp4v'), or '' without a video."""
     from tqdm import tqdm
 
     from turbogs.render import render
@@ -119,22 +117,19 @@ def render_path(gaussians, cameras: List[Camera], background: torch.Tensor, vide
         frames_dir.mkdir(parents=True, exist_ok=True)
     width, height = cameras[0].width, cameras[0].height
     with atomic_path(video) if video is not None else nullcontext() as tmp:
-        writer = None
-        if tmp is not None:
-            writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*FOURCC), fps, (width, height))
-            if not writer.isOpened():
-                raise TurboGSError(f"cannot write {video}: OpenCV's VideoWriter has no '{FOURCC}' MP4 encoder here")
+        writer = open_mp4(tmp, (width, height), fps, log) if tmp is not None else None
         try:
             bar = tqdm(cameras, desc="render", unit="frame", disable=not progress)
             for index, camera in enumerate(bar):
                 with torch.no_grad():
                     image = render(gaussians, camera, background=background).image
                 if writer is not None:
-                    writer.write(to_uint8(image))
+                    writer.write(to_uint8(image)[:, :, ::-1])  # to_uint8 gives OpenCV's BGR
                 if frames_dir is not None:
                     write_png(frames_dir / f"frame_{index:04d}.png", image)
                 bar.set_postfix(size=f"{width}x{height}")
         finally:
             if writer is not None:
-                writer.release()
+                writer.close()
+    return writer.codec if writer is not None else ""
 

@@ -1,0 +1,209 @@
+"""Structure from motion in our process, through pycolmap (COLMAP's own Python binding).
+
+Three phases, each with a progress bar that counts what COLMAP has finished: SIFT features (the
+images with keypoints in COLMAP's database), matching (the image pairs verified), and incremental
+mapping (the images registered, from its next-image callback). pycolmap releases the GIL in each
+phase, so a thread of ours reads the counts from the SQLite database while COLMAP works.
+
+Choices, and why:
+- Exhaustive matching up to EXHAUSTIVE_MAX images (every pair: unordered photos need it), then
+  sequential (each image with its next SEQUENTIAL_OVERLAP), which is also the choice for video
+  frames, whose order is their overlap.
+- One camera per folder when the photos there share size and EXIF camera (photos.camera_mode).
+- The largest model is kept when the mapping splits, and the summary says how many images were
+  left out. Fewer than MIN_REGISTERED registered images, or under half of them, is an InputError
+  naming what to try.
+- The model is written to SCENE/sparse/0 (binary) through a temporary folder and a rename, so an
+  interrupted run leaves no half model that a later run would take for a finished one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from turbogs.capture.photos import PhotoFolder, camera_mode
+from turbogs.capture.summary import SfmSummary
+from turbogs.errors import InputError, TurboGSError
+
+INSTALL = 'pip install -e ".[capture]" (or pip install pycolmap)'
+EXHAUSTIVE_MAX = 300
+SEQUENTIAL_OVERLAP = 10
+MIN_REGISTERED = 3
+MAX_IMAGE_SIZE = 1600  # SIFT runs on images at most this wide (COLMAP's own default is 3200)
+
+
+# The camera models SfM may fit, all of which data/colmap.py reads and undistorts: COLMAP's default
+# (SIMPLE_RADIAL, one radial term) suits phone photos; the fisheye ones suit action cameras.
+CAMERA_MODELS = ("SIMPLE_RADIAL", "SIMPLE_PINHOLE", "PINHOLE", "RADIAL", "OPENCV", "OPENCV_FISHEYE",
+                 "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
+
+
+@dataclass
+class SfmOptions:
+    matching: str = "auto"  # auto | exhaustive | sequential
+    max_image_size: int = MAX_IMAGE_SIZE
+    progress: bool = True
+    camera_model: str = "SIMPLE_RADIAL"
+
+
+def import_pycolmap():
+    """pycolmap, quiet (its C++ log would drown the bars), or an InputError naming the install."""
+    try:
+        import pycolmap
+    except ImportError:
+        raise InputError(f"structure from motion needs pycolmap, which is not installed: {INSTALL}") from None
+    pycolmap.logging.minloglevel = 3  # fatal only: what goes wrong reaches the user as our one line
+    pycolmap.logging.stderrthreshold = 3
+    return pycolmap
+
+
+def matching_kind(options: SfmOptions, num_images: int) -> str:
+    if options.matching != "auto":
+        return options.matching
+    return "exhaustive" if num_images <= EXHAUSTIVE_MAX else "sequential"
+
+
+def pair_count(kind: str, n: int) -> int:
+    """The image pairs a matcher will verify: every pair, or each image with its next few."""
+    if kind == "exhaustive":
+        return n * (n - 1) // 2
+    return sum(min(SEQUENTIAL_OVERLAP, n - 1 - i) for i in range(n))
+
+
+def _count_rows(database: Path, table: str) -> Optional[int]:
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.2) as db:
+            return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    except sqlite3.Error:  # not created yet, or locked by COLMAP's writer this instant
+        return None
+
+
+def _phase(name: str, total: int, unit: str, work: Callable[[], None], database: Path, table: str,
+           progress: bool) -> float:
+    """Run one COLMAP call in a thread, showing the rows it has written to `table`; its seconds."""
+    from tqdm import tqdm
+
+    errors = []
+
+    def target():
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=target, name=f"sfm-{name}", daemon=True)
+    with tqdm(total=total, desc=name, unit=unit, disable=not progress, leave=True) as bar:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.25)
+            done = _count_rows(database, table)
+            if done is not None and done > bar.n:
+                bar.update(min(done, total) - bar.n)
+        if not errors:
+            bar.update(total - bar.n)
+    if errors:
+        exc = errors[0]
+        raise TurboGSError(f"SfM failed while {name}: {exc}") from exc
+    return time.perf_counter() - start
+
+
+def run_sfm(folder: PhotoFolder, options: SfmOptions = SfmOptions(), log: Callable[[str], None] = print) -> SfmSummary:
+    """Features, matching and mapping over the folder's photos; the largest model goes to
+    folder.scene/sparse/0. Returns what happened; raises InputError when too little registered."""
+    pycolmap = import_pycolmap()
+    device = pycolmap.Device.auto
+    n = len(folder.names)
+    mode = camera_mode(folder, lambda path: _describe(pycolmap, path))
+    kind = matching_kind(options, n)
+    summary = SfmSummary(total_images=n, matching=kind, camera_mode=mode)
+    with tempfile.TemporaryDirectory(prefix="turbogs-sfm-") as work:
+        database = Path(work) / "database.db"
+        extraction = pycolmap.FeatureExtractionOptions()
+        extraction.max_image_size = options.max_image_size
+        reader = pycolmap.ImageReaderOptions()
+        reader.camera_model = options.camera_model
+        summary.seconds["features"] = _phase(
+            "features", n, "img",
+            lambda: pycolmap.extract_features(database, folder.images_dir, image_names=folder.names,
+                                              camera_mode=getattr(pycolmap.CameraMode, mode), reader_options=reader,
+                                              extraction_options=extraction, device=device),
+            database, "keypoints", options.progress)
+        if kind == "exhaustive":
+            match = lambda: pycolmap.match_exhaustive(database, device=device)  # noqa: E731
+        else:
+            pairing = pycolmap.SequentialPairingOptions()
+            pairing.overlap = SEQUENTIAL_OVERLAP
+            pairing.quadratic_overlap = False
+            match = lambda: pycolmap.match_sequential(database, pairing_options=pairing, device=device)  # noqa: E731
+        summary.seconds["matching"] = _phase("matching", pair_count(kind, n), "pair", match, database,
+                                             "two_view_geometries", options.progress)
+        models, summary.seconds["mapping"] = _map(pycolmap, database, folder, Path(work) / "models", options.progress)
+    if not models:
+        raise InputError(f"{folder.images_dir}: SfM registered none of the {n} photos: they do not overlap enough "
+                         "(take photos a few steps apart, each sharing most of the view with the next)")
+    best = max(models.values(), key=lambda r: r.num_reg_images())
+    summary.models = sorted((r.num_reg_images() for r in models.values()), reverse=True)
+    summary.registered = best.num_reg_images()
+    summary.points = best.num_points3D()
+    summary.reprojection_error = float(best.compute_mean_reprojection_error())
+    summary.check(folder.images_dir, MIN_REGISTERED)
+    write_model(best, folder.scene)
+    return summary
+
+
+def _describe(pycolmap, path: Path):
+    """What makes two photos' cameras the same: size, and the focal length COLMAP reads from EXIF."""
+    try:
+        camera = pycolmap.infer_camera_from_image(path)
+    except Exception as exc:  # noqa: BLE001 - pycolmap raises its own types for unreadable files
+        raise InputError(f"cannot read photo {path}: {exc}") from None
+    return camera.width, camera.height, camera.has_prior_focal_length, tuple(round(p, 3) for p in camera.params)
+
+
+def _map(pycolmap, database: Path, folder: PhotoFolder, out: Path, progress: bool):
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    mapping = pycolmap.IncrementalPipelineOptions()
+    mapping.min_model_size = MIN_REGISTERED  # COLMAP's default (10) would drop a small capture whole
+    start = time.perf_counter()
+    with tqdm(total=len(folder.names), desc="mapping", unit="img", disable=not progress) as bar:
+        def next_image():
+            bar.update(1)
+
+        models = pycolmap.incremental_mapping(database, folder.images_dir, out, options=mapping,
+                                              initial_image_pair_callback=lambda: bar.update(2),
+                                              next_image_callback=next_image)
+        registered = max((r.num_reg_images() for r in models.values()), default=0)
+        bar.n = min(registered, bar.total)
+        bar.refresh()
+    return models, time.perf_counter() - start
+
+
+def write_model(reconstruction, scene: Path) -> Path:
+    """The model as COLMAP binary files in scene/sparse/0, replacing any model there only once the
+    new one is complete."""
+    target = Path(scene) / "sparse" / "0"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".0.", dir=target.parent))
+        reconstruction.write_binary(str(staging))
+        old = None
+        if target.exists():
+            old = target.with_name(f".0.old.{os.getpid()}")
+            os.replace(target, old)
+        os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        raise TurboGSError(f"cannot write the COLMAP model to {target}: {exc.strerror or exc}") from None
+    return target
