@@ -86,7 +86,9 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
                       log: Callable[[str], None] = print) -> Gaussians:
     """From the capture's points where there are some, else from points along the camera rays."""
     points, colors = initial_points(scene, cfg.init_random_points, generator, log)
-    return Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
+    gaussians = Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
+    gaussians.antialiased = cfg.antialiased  # trained as it will be rendered
+    return gaussians
 
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
@@ -453,6 +455,7 @@ class Trainer:
         self.read_device_figures(final=True)
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                 "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                "antialiased": self.cfg.antialiased,
                 "backend": kernels.backend_name(self.device),
                 # steps count optimizer steps: views trained = steps x world_size x batch_views
                 "world_size": self.world.size, "batch_views": self.cfg.batch_views,
