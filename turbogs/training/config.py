@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional, Type
 
 from turbogs.density.base import DensityConfig
 from turbogs.density.error_driven import ErrorDensityConfig
+from turbogs.density.mcmc import McmcDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
 from turbogs.errors import TurboGSError
 from turbogs.optim.base import AdamConfig, OptimizerConfig
@@ -180,7 +181,8 @@ def _antialiased(cfg: TrainConfig) -> None:
 
 
 # The strategies and optimizers by the names --density and --optimizer take.
-DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig)}
+DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig,
+                                                                        McmcDensityConfig)}
 OPTIMIZER_CONFIGS: Dict[str, Type[OptimizerConfig]] = {c.name: c for c in (AdamConfig, HybridConfig)}
 
 

@@ -223,6 +223,9 @@ class Trainer:
         extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
         if extra is not None:
             loss = loss + extra
+        regularizer = self.density.regularizer(self.gaussians)  # e.g. MCMC's opacity and scale terms
+        if regularizer is not None:
+            loss = loss + regularizer
         # First-order curvature: a backward pass with random residuals, from the shared stream
         # when the step has one view, else from the slot's own.
         generator = self.generator if self.views_per_step == 1 else slot_generator(cfg.seed, self.step, slot)
@@ -456,6 +459,7 @@ class Trainer:
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                 "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
                 "antialiased": self.cfg.antialiased,
+                "peak_gaussians": max(self.stats.peak_gaussians, len(self.gaussians)),
                 "backend": kernels.backend_name(self.device),
                 # steps count optimizer steps: views trained = steps x world_size x batch_views
                 "world_size": self.world.size, "batch_views": self.cfg.batch_views,
