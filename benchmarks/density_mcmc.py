@@ -7,7 +7,7 @@ equal time (issue 32): test PSNR, the final and peak count, the peak as a fracti
         --budget-seconds 60 --seeds 0 1 --variants error mcmc 3dgs --out /tmp/mcmc_bench
 
 Each run is the turbo preset with `--density VARIANT --max-gaussians CAP` for the same
-wall-clock budget (one process at a time). A variant `mcmc@G` is MCMC with grow_rate G (the
+wall-clock budget (one process at a time), or with `--steps N` for the same steps. A variant `mcmc@G` is MCMC with grow_rate G (the
 paper's 0.05 reaches the cap only after log(cap / start) / log(1.05) refinements, which a short
 CPU run may not have). Prints one row per run and a summary per capture and variant: the mean
 over the seeds, and its difference from error-driven seed by seed.
@@ -41,7 +41,7 @@ def parse_scene(text: str) -> dict:
     return spec
 
 
-def config_for(variant: str, spec: dict, seed: int, budget: float):
+def config_for(variant: str, spec: dict, seed: int, budget, steps=None):
     density, _, grow = variant.partition("@")
     cfg = get_preset(f"turbo+density-{density}")
     cfg.seed = seed
@@ -51,11 +51,11 @@ def config_for(variant: str, spec: dict, seed: int, budget: float):
         cfg.density.grow_rate = float(grow)
     if spec["init"]:
         cfg.init_random_points = spec["init"]
-    return cfg.for_run(None, budget)
+    return cfg.for_run(steps, None if steps else budget)
 
 
-def run_one(spec: dict, variant: str, seed: int, budget: float, out: Path) -> dict:
-    cfg = config_for(variant, spec, seed, budget)
+def run_one(spec: dict, variant: str, seed: int, budget: float, out: Path, steps=None) -> dict:
+    cfg = config_for(variant, spec, seed, budget, steps)
     scene = load_scene(spec["path"], resolution=spec["r"], eval_split=True, log=lambda *_: None)
     folder = out / f"{spec['name']}_{variant}_s{seed}"
     if folder.exists():
@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scene", action="append", required=True, help="NAME=PATH[:cap=N][:init=N][:r=R]")
     p.add_argument("--budget-seconds", type=float, default=60.0)
+    p.add_argument("--steps", type=int, help="equal steps instead of equal time (a step-based run, deterministic per seed)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--variants", nargs="+", default=["error", "mcmc", "3dgs"])
     p.add_argument("--out", type=Path, default=Path("/tmp/mcmc_bench"))
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     for spec in map(parse_scene, args.scene):
         for seed in args.seeds:
             for variant in args.variants:
-                rows.append(run_one(spec, variant, seed, args.budget_seconds, args.out))
+                rows.append(run_one(spec, variant, seed, args.budget_seconds, args.out, args.steps))
     print(summarize(rows, args.variants))
     return 0
 
