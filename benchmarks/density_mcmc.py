@@ -7,10 +7,12 @@ equal time (issue 32): test PSNR, the final and peak count, the peak as a fracti
         --budget-seconds 60 --seeds 0 1 --variants error mcmc 3dgs --out /tmp/mcmc_bench
 
 Each run is the turbo preset with `--density VARIANT --max-gaussians CAP` for the same
-wall-clock budget (one process at a time), or with `--steps N` for the same steps. A variant `mcmc@G` is MCMC with grow_rate G (the
-paper's 0.05 reaches the cap only after log(cap / start) / log(1.05) refinements, which a short
-CPU run may not have). Prints one row per run and a summary per capture and variant: the mean
-over the seeds, and its difference from error-driven seed by seed.
+wall-clock budget (one process at a time), or with `--steps N` for the same steps. A variant
+`mcmc@G` is MCMC with grow_rate G (the paper's 0.05 reaches the cap only after
+log(cap / start) / log(1.05) refinements, which a short CPU run may not have); `mcmc@F=V,...`
+sets any McmcDensityConfig field (e.g. `mcmc@noise_lr=0`). Prints one row per run and a
+summary per capture and variant: the mean over the seeds, and its difference from
+error-driven seed by seed.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def config_for(variant: str, spec: dict, seed: int, budget, steps=None):
     cfg.seed = seed
     if spec["cap"]:
         cfg.density.max_gaussians = spec["cap"]
-    if grow:
-        cfg.density.grow_rate = float(grow)
+    for setting in filter(None, grow.split(",")):  # "0.2" (grow_rate) or "field=value,..."
+        name, _, value = setting.rpartition("=")
+        setattr(cfg.density, name or "grow_rate", float(value))
     if spec["init"]:
         cfg.init_random_points = spec["init"]
     return cfg.for_run(steps, None if steps else budget)
