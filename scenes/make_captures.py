@@ -2,7 +2,7 @@
 
 The images come from `make_demo.py`'s analytic numpy ray caster (never from our
 rasterizer), so a trainer that scores well on them has learned the scene, not its own
-renderer. Four captures, each a few hundred kB:
+renderer. Five captures, each a few hundred kB:
 
 - `forward`: instant-ngp `transforms.json`, 24 cameras on an arc on ONE side of the
   demo objects (azimuth -50..50 degrees, their aim jittered so the optical axes do not
@@ -14,6 +14,11 @@ renderer. Four captures, each a few hundred kB:
   position and colour noise).
 - `exposure`: the same views with a different exposure (x 2^U(-0.6, 0.6)) and white
   balance (per-channel gains 0.8..1.2) per photo, test views included, with the points.
+- `masks`: the forward views with the points, and in every training photo (not the test
+  views, every 8th) a passer-by: a sphere of a random colour between the camera and the
+  objects, somewhere else in each photo. `masks/frame_NNN.png` (white = keep) masks out
+  every pixel the passer-by changed, its shadow included, grown by a pixel; the loader finds
+  them beside `images/`. A trainer that ignores the masks grows floaters.
 - `synthetic`: NeRF-synthetic layout: the objects alone, centred on the origin, on a
   transparent background (RGBA), 20 training and 5 test cameras on a sphere of radius 4
   looking at the origin, `transforms_train.json` / `transforms_test.json`, no points.
@@ -56,7 +61,9 @@ SYNTHETIC_ANGLE_X = 0.6911112070083618  # the Blender scenes' camera_angle_x
 SYNTHETIC_RADIUS = 4.0
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 20, 5
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
-CAPTURES = ("forward", "forward_points", "exposure", "synthetic")
+CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic")
+TEST_EVERY = 8  # the loader's --eval split: every 8th image in name order is a test view
+PASSER_BY_RADIUS = 0.3
 
 
 def intrinsics(width: int, height: int, focal: float) -> np.ndarray:
@@ -159,8 +166,25 @@ def gl_matrix(w2c: np.ndarray) -> list:
     return (np.linalg.inv(w2c) @ GL_TO_CV).tolist()
 
 
-def make_forward(out_dir: str, with_points: bool, exposure: bool) -> None:
+def passer_by(w2c: np.ndarray, rng: np.random.Generator):
+    """A sphere of a random colour, 1.2 to 2.2 units in front of the camera, off the image centre."""
+    center = -w2c[:3, :3].T @ w2c[:3, 3]
+    direction = w2c[2, :3] + w2c[0, :3] * rng.uniform(-0.35, 0.35) + w2c[1, :3] * rng.uniform(-0.25, 0.25)
+    where = center + rng.uniform(1.2, 2.2) * direction / np.linalg.norm(direction)
+    color = tuple(rng.uniform(0.0, 1.0, 3))
+    return demo.Sphere(center=tuple(where), radius=PASSER_BY_RADIUS, color_a=color, color_b=color, pattern="checker",
+                       frequency=1.0)
+
+
+def changed_pixels(clean: np.ndarray, disturbed: np.ndarray) -> np.ndarray:
+    """[H, W] bool: pixels the disturbance changed, grown by one pixel (its antialiased edge)."""
+    changed = (np.abs(clean - disturbed).max(axis=2) > 1e-6).astype(np.uint8)
+    return cv2.dilate(changed, np.ones((3, 3), np.uint8)) > 0
+
+
+def make_forward(out_dir: str, with_points: bool, exposure: bool, passers_by: bool = False) -> None:
     rng = np.random.default_rng(16)
+    walkers = np.random.default_rng(20)  # the passers-by: the same whichever other capture is made
     primitives = demo.demo_primitives()
     K = intrinsics(WIDTH, HEIGHT, FOCAL)
     poses = arc_poses(rng)
@@ -168,6 +192,13 @@ def make_forward(out_dir: str, with_points: bool, exposure: bool) -> None:
     frames = []
     for index, w2c in enumerate(poses):
         rgb, _ = render(primitives, w2c, K, WIDTH, HEIGHT)
+        if passers_by:
+            keep = np.ones((HEIGHT, WIDTH), dtype=bool)
+            if index % TEST_EVERY:  # a training photo: someone walks through it
+                disturbed, _ = render(primitives + [passer_by(w2c, walkers)], w2c, K, WIDTH, HEIGHT)
+                keep = ~changed_pixels(rgb, disturbed)
+                rgb = disturbed
+            write_png(os.path.join(out_dir, f"masks/frame_{index:03d}.png"), np.repeat(keep[:, :, None], 3, axis=2) * 1.0)
         if exposure:
             gain = 2.0 ** look.uniform(-0.6, 0.6) * look.uniform(0.8, 1.2, 3)
             rgb = np.clip(rgb * gain, 0.0, 1.0)
@@ -217,8 +248,8 @@ def make_capture(name: str, out_dir: str) -> str:
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
-    elif name in ("forward", "forward_points", "exposure"):
-        make_forward(folder, with_points=name != "forward", exposure=name == "exposure")
+    elif name in ("forward", "forward_points", "exposure", "masks"):
+        make_forward(folder, with_points=name != "forward", exposure=name == "exposure", passers_by=name == "masks")
     else:
         raise ValueError(f"unknown capture {name!r} (choose from {', '.join(CAPTURES)})")
     return folder

@@ -193,3 +193,23 @@ def test_ply_file_path_points_are_used_and_named(forward_captures):
     points, colors = initial_points(scene, 4000, torch.Generator().manual_seed(0), logs.append)
     assert len(points) == len(scene.points) > 100 and np.array_equal(points, scene.points)
     assert "points3d.ply" in logs[-1] and "ply_file_path" in logs[-1]
+
+
+@pytest.mark.parametrize("budget, device_type", [(None, "cpu"), (100.0, "cpu"), (100.0, "cuda")])
+def test_a_capture_without_points_starts_from_what_the_run_affords(forward_captures, budget, device_type):
+    """The trainer's start: the count init_size gives for this capture, device and budget, said in
+    the first log line; no flat 100k."""
+    from turbogs.training.config import get_preset
+    from turbogs.training.init_size import initial_count
+    from turbogs.training.trainer import initial_gaussians
+
+    scene = load_scene(forward_captures["forward"], eval_split=True, log=lambda message: None)
+    cfg = get_preset("turbo").for_run(steps=100, budget_seconds=budget)
+    logs = []
+    gaussians = initial_gaussians(scene, cfg, torch.Generator().manual_seed(0), device_type, logs.append)
+    expected, why = initial_count(scene, None, device_type, budget, cfg.density.max_gaussians)
+    pixels = sum(c.width * c.height for c in scene.train)
+    assert expected == max(pixels // 16, 2000) < 100_000  # 21 views of 96 x 72: the images call for few
+    assert len(gaussians) == expected and why in logs[0] and f"{expected} points" in logs[0]
+    three_dgs = get_preset("3dgs").for_run(steps=100)
+    assert len(initial_gaussians(scene, three_dgs, torch.Generator().manual_seed(0), "cpu", logs.append)) == 100_000

@@ -60,7 +60,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     """What the model may hold."""
     p.add_argument("--sh-degree", type=int, choices=[0, 1, 2, 3], help="maximum spherical-harmonics degree (default 3)")
     p.add_argument("--init-points", type=positive_int,
-                   help="initial points along the camera rays when the capture has none (default 100000)")
+                   help="initial points along the camera rays when the capture has none (default: sized for the run from the "
+                        "images' pixels, the device and the budget; 100000 for 3dgs)")
     p.add_argument("--max-gaussians", type=positive_int,
                    help="never grow beyond this many Gaussians (with --density mcmc: the count it grows to)")
     p.add_argument("--antialiased", action="store_true",

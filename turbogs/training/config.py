@@ -18,6 +18,7 @@ from turbogs.errors import TurboGSError
 from turbogs.optim.base import AdamConfig, OptimizerConfig
 from turbogs.optim.hybrid import HybridConfig
 from turbogs.training.appearance import AppearanceConfig
+from turbogs.training.init_size import INRIA_RANDOM_POINTS
 from turbogs.turbo.losses import LossConfig
 from turbogs.turbo.sampling import SamplerConfig
 
@@ -59,7 +60,8 @@ class TrainConfig:
     sh_increase_every: int = 1000  # raise the active SH degree every N steps
     # Or every this fraction of the run, whatever its length (budget or steps); None: by steps.
     sh_increase_fraction: Optional[float] = None
-    init_random_points: int = 100_000  # used only when the capture has no SfM points
+    # Points to start from when the capture has none; None: sized for the run (training/init_size.py).
+    init_random_points: Optional[int] = None
     random_background: bool = False
     lr: LearningRates = field(default_factory=LearningRates)
     loss: LossWeights = field(default_factory=LossWeights)
@@ -134,7 +136,7 @@ class TrainConfig:
 
 def preset_3dgs() -> TrainConfig:
     """Vanilla 3DGS (Kerbl et al. 2023): dense L1 + D-SSIM, Adam, INRIA's density control."""
-    return TrainConfig(preset="3dgs")
+    return TrainConfig(preset="3dgs", init_random_points=INRIA_RANDOM_POINTS)
 
 
 def preset_turbo() -> TrainConfig:

@@ -191,12 +191,15 @@ def points_along_rays(scene: Scene, count: int, generator: torch.Generator) -> T
 
 
 def initial_points(scene: Scene, count: int, generator: torch.Generator,
-                   log: Callable[[str], None] = print) -> Tuple[np.ndarray, np.ndarray]:
-    """(points [P, 3], colours [P, 3] in [0, 1]) to start the Gaussians from; logs which and why."""
+                   log: Callable[[str], None] = print, why_count: str = "") -> Tuple[np.ndarray, np.ndarray]:
+    """(points [P, 3], colours [P, 3] in [0, 1]) to start the Gaussians from; logs which and why
+    (`why_count`: why that many, when the capture has no points)."""
     if scene.points is not None and len(scene.points) > 0:
         colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)
         log(f"initialisation: the capture's {len(scene.points)} points ({scene.points_source or 'SfM points'})")
         return scene.points, colors
     points, colors, how = points_along_rays(scene, count, generator)
-    log(f"initialisation: {len(points)} points along the training cameras' rays, as the capture has no points; {how}")
+    reason = f" ({why_count})" if why_count else ""
+    log(f"initialisation: {len(points)} points{reason} along the training cameras' rays, as the capture has no points; "
+        f"{how}")
     return points, colors

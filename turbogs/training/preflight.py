@@ -23,6 +23,7 @@ import torch
 from turbogs.data.scene import Scene
 from turbogs.errors import TurboGSError
 from turbogs.training.config import TrainConfig
+from turbogs.training.init_size import INRIA_RANDOM_POINTS
 
 FLOAT_BYTES = 4
 # Per Gaussian, besides its parameters: the projected 2D quantities a render produces
@@ -42,7 +43,7 @@ def params_per_gaussian(sh_degree: int) -> int:
 def gaussian_budget(scene: Scene, cfg: TrainConfig) -> int:
     """How many Gaussians the run may hold: the density control's cap where there is one, else
     the initial count (a floor: INRIA's rule has no cap)."""
-    initial = len(scene.points) if scene.points is not None and len(scene.points) else cfg.init_random_points
+    initial = len(scene.points) if scene.points is not None and len(scene.points) else (cfg.init_random_points or INRIA_RANDOM_POINTS)
     cap = cfg.density.max_gaussians
     return initial if cap is None else max(initial, cap)
 

@@ -42,7 +42,9 @@ from turbogs.training.clock import StepClock
 from turbogs.training.config import TrainConfig
 from turbogs.training.dense_loss import photometric_loss
 from turbogs.training.init_points import initial_points
+from turbogs.training.init_size import initial_count
 from turbogs.training.observer import StepObserver
+from turbogs.training.progress import RunProgress
 from turbogs.training.running_stats import RunningStats
 from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
 from turbogs.training.views import TrainingViews, ViewOrder
@@ -82,10 +84,13 @@ class RunOptions:
 # --- building blocks --------------------------------------------------------------
 
 
-def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator,
+def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator, device_type: str = "cpu",
                       log: Callable[[str], None] = print) -> Gaussians:
-    """From the capture's points where there are some, else from points along the camera rays."""
-    points, colors = initial_points(scene, cfg.init_random_points, generator, log)
+    """From the capture's points where there are some, else from points along the camera rays,
+    as many as the run can afford (training/init_size.py)."""
+    count, why = initial_count(scene, cfg.init_random_points, device_type, cfg.budget_seconds,
+                               getattr(cfg.density, "max_gaussians", None))
+    points, colors = initial_points(scene, count, generator, log, why)
     gaussians = Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
     gaussians.antialiased = cfg.antialiased  # trained as it will be rendered
     return gaussians
@@ -143,7 +148,7 @@ class Trainer:
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
                                          [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
                                          self.device)
-        self.gaussians = initial_gaussians(scene, cfg, self.generator, self.log).to(self.device)
+        self.gaussians = initial_gaussians(scene, cfg, self.generator, self.device.type, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
             raise TurboGSError(f"sampler and tile loss must use the renderer's {TILE_SIZE}-pixel tiles, got "
@@ -164,13 +169,12 @@ class Trainer:
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.observer = StepObserver()
         self.clock = StepClock(self.device)
+        self.run_progress = RunProgress(cfg.steps, cfg.budget_seconds)
 
     def progress(self) -> float:
-        """Fraction of the run done: of the steps, or of the time budget when there is one."""
-        done = self.step / max(self.cfg.steps, 1)
-        if self.cfg.budget_seconds:
-            done = max(done, self.elapsed / self.cfg.budget_seconds)
-        return min(done, 1.0)
+        """Fraction of the run done: of the steps, or, with a time budget, of the steps the
+        budget will have made at the recent pace (training/progress.py)."""
+        return self.run_progress.at(self.step, self.elapsed)
 
     # --- one step -----------------------------------------------------------------
     def train_step(self) -> None:
@@ -350,6 +354,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "elapsed": self.elapsed,
+            "progress": self.run_progress.state_dict(),
             "stats": self.stats.state_dict(),
             "appearance": None if self.appearance is None else self.appearance.state(),
         }
@@ -371,6 +376,7 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         load_appearance(self.appearance, state.get("appearance"))
         self.elapsed = state["elapsed"]
+        self.run_progress.load_state_dict(state.get("progress"))
         self.stats = RunningStats(**{"bad_streak": state.get("bad_streak", 0), **state["stats"]})
         self.step = state["step"]
 
@@ -384,8 +390,7 @@ class Trainer:
         shorten the run: it still decides the exit code). training/run.py then saves."""
         cfg, world = self.cfg, self.world
         last_checkpoint = last_refresh = time.perf_counter()
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.options.progress and world.is_main),
-                   dynamic_ncols=True, unit="step", desc="train")
+        bar = self._progress_bar()
         viewer = self.options.viewer
         stop = StopAgreement(world, signals or StopSignals(), viewer, every=RANKS_READ_EVERY)
         try:
@@ -400,19 +405,18 @@ class Trainer:
                     self.run_step()
                 except OUT_OF_MEMORY:
                     raise self._out_of_memory() from None
-                if world.size > 1 and cfg.budget_seconds:  # every rank follows rank 0's clock
-                    self.elapsed = world.broadcast_float(self.elapsed)
                 if world.size > 1 and self.step % CHECKSUM_EVERY == 0:
                     world.check_same(parameter_checksum(self.trainable_parameters()),
                                      f"the parameters at step {self.step}")
 
-                bar.update(1)
+                self._advance(bar)
                 if world.size > 1 and self.step % RANKS_READ_EVERY == 0:
                     self.read_device_figures()  # every rank, at the same steps
                 if world.is_main and (time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS
                                       or self.progress() >= 1.0):
                     self.read_device_figures()
-                    bar.set_postfix(loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
+                    steps = {"step": self.step} if cfg.budget_seconds else {}
+                    bar.set_postfix(**steps, loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
                                     gaussians=len(self.gaussians), **self.stats.density_figures(),
                                     skipped=self.stats.skipped_steps, refresh=False)
                     last_refresh = time.perf_counter()
@@ -423,9 +427,30 @@ class Trainer:
                     self.read_device_figures()
                     self.save_checkpoint()
                     last_checkpoint = time.perf_counter()
+                if world.size > 1 and cfg.budget_seconds:  # every rank follows rank 0's clock (read last:
+                    self.elapsed = world.broadcast_float(self.elapsed)  # its reads above may settle it)
         finally:
             bar.close()
         return stop.check(self.step, final=True)
+
+    def _progress_bar(self) -> tqdm:
+        """Steps out of the run's steps; with a time budget, seconds out of the budget (the
+        time left is the budget's, and the steps made are a figure beside it)."""
+        shown = self.options.progress and self.world.is_main
+        if not self.cfg.budget_seconds:
+            return tqdm(total=self.cfg.steps, initial=self.step, disable=not shown, dynamic_ncols=True, unit="step",
+                        desc="train")
+        return tqdm(total=self.cfg.budget_seconds, initial=min(self.elapsed, self.cfg.budget_seconds),
+                    disable=not shown, dynamic_ncols=True, unit="s", desc="train",
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of budget "
+                               "[{remaining} left]{postfix}")
+
+    def _advance(self, bar: tqdm) -> None:
+        """Move the bar by the step just made: one step, or its seconds of the budget."""
+        if not self.cfg.budget_seconds:
+            bar.update(1)
+        else:
+            bar.update(min(self.elapsed, self.cfg.budget_seconds) - bar.n)
 
     def _out_of_memory(self) -> TurboGSError:
         """Keep the work done so far, and say how to continue in less memory. The failed step
