@@ -562,9 +562,11 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
 
     from turbogs.kernels import raster_gsplat as gsplat_backend
 
-    def projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane):
+    def projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+                   calc_compensations=False):
         covars, _ = reference._quat_scale_to_covar_preci(quats, scales, compute_preci=False)
-        return reference._fully_fused_projection(means, covars, viewmats, Ks, width, height, eps2d, near_plane, far_plane)
+        return reference._fully_fused_projection(means, covars, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+                                                 calc_compensations=calc_compensations)
 
     def rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_size, offsets, flatten_ids,
                             backgrounds=None, masks=None):
@@ -586,6 +588,11 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
     args = (gaussians.means, gaussians.quats, gaussians.scales, camera.world_to_cam, camera.K, WIDTH, HEIGHT, 0.01, 1e10, 0.3)
     projected = gsplat_backend.project(*args)
     for got, want in zip(projected, torch_backend.project(*args)):
+        torch.testing.assert_close(got, want)
+    # antialiased: the opacity compensations too (gsplat's reference computes its own)
+    projected_aa = gsplat_backend.project(*args, antialiased=True)
+    assert len(projected_aa) == 5
+    for got, want in zip(projected_aa, torch_backend.project(*args, antialiased=True)):
         torch.testing.assert_close(got, want)
     radii, means2d, depths, conics = (t.detach() for t in projected)
     mask = torch.tensor([[True, False, True], [False, True, True]])

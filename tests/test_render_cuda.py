@@ -38,12 +38,15 @@ def assert_grads_close(cpu_grads, cuda_grads):
         torch.testing.assert_close(cuda_grads[name], want, atol=1e-3 * scale, rtol=1e-2, msg=name)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_cuda_render_matches_cpu(seed):
+@pytest.mark.parametrize("seed, antialiased", [(0, False), (1, False), (2, True)])
+def test_cuda_render_matches_cpu(seed, antialiased):
+    """Classic, and --antialiased (gsplat's compensations against the twin's, values and gradients)."""
     camera = make_camera()
     background = torch.tensor([0.2, 0.4, 0.6])
-    cpu_out, cpu_grads = render_with_grads(make_gaussians(60, seed), camera, "cpu", background=background)
-    cuda_out, cuda_grads = render_with_grads(make_gaussians(60, seed), camera, "cuda", background=background)
+    cpu_out, cpu_grads = render_with_grads(make_gaussians(60, seed), camera, "cpu", background=background,
+                                           antialiased=antialiased)
+    cuda_out, cuda_grads = render_with_grads(make_gaussians(60, seed), camera, "cuda", background=background,
+                                             antialiased=antialiased)
     torch.testing.assert_close(cuda_out.image.cpu(), cpu_out.image.detach(), atol=1e-4, rtol=0)
     torch.testing.assert_close(cuda_out.alpha.cpu(), cpu_out.alpha.detach(), atol=1e-4, rtol=0)
     assert torch.equal(cuda_out.radii.cpu(), cpu_out.radii)

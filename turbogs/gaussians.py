@@ -53,13 +53,18 @@ def mean_knn_distance(points: torch.Tensor, k: int = 3, chunk: int = 4096) -> to
 class Gaussians(torch.nn.Module):
     """A set of 3D Gaussians: a ParameterDict plus the active SH degree."""
 
-    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int, active_sh_degree: int = 0):
+    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int, active_sh_degree: int = 0,
+                 antialiased: bool = False):
         super().__init__()
         self.params = torch.nn.ParameterDict(
             {name: torch.nn.Parameter(params[name].contiguous()) for name in PARAM_NAMES}
         )
         self.sh_degree = sh_degree  # the maximum degree stored in shN
         self.active_sh_degree = active_sh_degree  # raised during training
+        # How the model is meant to be rendered: with Mip-Splatting's 2D filter and opacity
+        # compensation (--antialiased). A property of the model, not of one render: its
+        # opacities were trained against that compensation, so every render of it uses it.
+        self.antialiased = antialiased
 
     # --- construction -------------------------------------------------------------
     @classmethod

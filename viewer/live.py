@@ -101,10 +101,13 @@ class LiveViewer:
         refresh_seconds: float = 2.0,
         log: Log = print,
         control: bool = False,
+        antialiased: bool = False,
     ):
         """control: let browsers pause, resume and stop training even when `host` is not
-        loopback (--viewer-control); on loopback they always can."""
+        loopback (--viewer-control); on loopback they always can. antialiased: the model
+        trains with --antialiased, so the server-side render uses it too."""
         self.log = log
+        self.antialiased = bool(antialiased)
         self.refresh_seconds = float(refresh_seconds)
         self.views: List[ViewCamera] = cameras_from_scene(cameras)
         self.server = ViewerServer(host, port, title="TurboGS training", log=log, control=control,
@@ -121,7 +124,7 @@ class LiveViewer:
         self._selected_view = 0
         self._state = "training"
         self._last_snapshot: Optional[Snapshot] = None
-        self._render_source = None  # (params, sh_degree) for server-side rendering
+        self._render_source = None  # (params, sh_degree, antialiased) for server-side rendering
         self._errors_logged: set = set()
         self.steps: List[int] = []  # curve history, written by the worker only
         self.losses: List[float] = []
@@ -318,7 +321,7 @@ class LiveViewer:
             self.server.set_splats(splats, visible=not (renderer is not None and renderer.enabled))
             if "shN" in snap.params:
                 degree = sh_degree_from_coeffs(int(snap.params["shN"].shape[1]))
-                self._render_source = (snap.params, degree)
+                self._render_source = (snap.params, degree, self.antialiased)
                 if renderer is not None:
                     for client in self.server.clients():
                         renderer.request(client)

@@ -20,7 +20,7 @@ import numpy as np
 
 from turbogs.errors import InputError, TurboGSError
 from turbogs.formats import READABLE_SUFFIXES, read_gaussians
-from turbogs.formats.model_folder import find_model_ply, read_cfg_args
+from turbogs.formats.model_folder import find_model_ply, model_antialiased, model_folder_of, read_cfg_args
 
 from .cameras import ViewCamera, read_cameras_json
 
@@ -33,18 +33,11 @@ class LoadedModel:
     params: Dict[str, np.ndarray]  # pre-activation, as read_ply returns them
     sh_degree: int
     cameras: List[ViewCamera] = field(default_factory=list)
+    antialiased: bool = False  # trained with --antialiased (cfg_args): the server render uses it
 
     @property
     def num_gaussians(self) -> int:
         return int(self.params["means"].shape[0])
-
-
-def _model_folder_of_ply(ply: Path) -> Path:
-    """MODEL for MODEL/point_cloud/iteration_N/point_cloud.ply, else the .ply's folder."""
-    parts = ply.resolve().parts
-    if len(parts) >= 4 and parts[-3] == "point_cloud" and parts[-2].startswith("iteration_"):
-        return Path(*parts[:-3])
-    return ply.resolve().parent
 
 
 def _image_dirs(folder: Path) -> List[Path]:
@@ -70,8 +63,9 @@ def load_model(model) -> LoadedModel:
     if model.is_file() and model.suffix.lower() not in READABLE_SUFFIXES:
         raise InputError(f"{model}: expected a model folder or a .ply, .spz or .sog file")
     ply_path, step = find_model_ply(model)
-    folder = model.resolve() if model.is_dir() else _model_folder_of_ply(ply_path)
+    folder = model.resolve() if model.is_dir() else model_folder_of(ply_path)
     params, sh_degree = read_gaussians(ply_path)
     cameras_json = folder / "cameras.json"
     cameras = read_cameras_json(cameras_json, _image_dirs(folder)) if cameras_json.is_file() else []
-    return LoadedModel(folder=folder, ply_path=ply_path, step=step, params=params, sh_degree=sh_degree, cameras=cameras)
+    return LoadedModel(folder=folder, ply_path=ply_path, step=step, params=params, sh_degree=sh_degree, cameras=cameras,
+                       antialiased=model_antialiased(folder))

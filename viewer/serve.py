@@ -50,7 +50,7 @@ def serve_model(
         server.add_screenshot_button(loaded.folder)
         if server.control_note():
             gui.add_markdown(server.control_note())
-    server.renderer = maybe_add_server_rendering(server, lambda: (loaded.params, loaded.sh_degree))
+    server.renderer = maybe_add_server_rendering(server, lambda: (loaded.params, loaded.sh_degree, loaded.antialiased))
     log(f"viewer: {loaded.num_gaussians:,} Gaussians from {loaded.ply_path}")
     if block:
         server.serve_forever()

@@ -23,7 +23,8 @@ from .server import ViewerServer
 
 MAX_RENDER_SIDE = 1280  # pixels; larger browser windows are rendered at this size and upscaled
 # Returns (raw pre-activation params, SH degree) of the Gaussians to show, or None.
-GaussianSource = Callable[[], Optional[Tuple[Dict[str, object], int]]]
+# (params, sh_degree, antialiased): the model's render mode travels with its parameters
+GaussianSource = Callable[[], Optional[Tuple[Dict[str, object], int, bool]]]
 
 
 def camera_from_viewer(wxyz, position, fov_y: float, width: int, height: int, max_side: int = MAX_RENDER_SIDE) -> Camera:
@@ -49,9 +50,9 @@ def render_rgb(gaussians: Gaussians, camera: Camera, background=(1.0, 1.0, 1.0))
     return (out.image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
 
 
-def gaussians_from_params(params: Dict[str, object], sh_degree: int, device: str) -> Gaussians:
+def gaussians_from_params(params: Dict[str, object], sh_degree: int, device: str, antialiased: bool = False) -> Gaussians:
     tensors = {k: torch.as_tensor(v).to(device=device, dtype=torch.float32) for k, v in params.items()}
-    return Gaussians(tensors, sh_degree=sh_degree, active_sh_degree=sh_degree)
+    return Gaussians(tensors, sh_degree=sh_degree, active_sh_degree=sh_degree, antialiased=antialiased)
 
 
 class ServerRenderer:
@@ -101,9 +102,9 @@ class ServerRenderer:
         found = self.source()
         if found is None:
             return None
-        params, sh_degree = found
+        params, sh_degree, antialiased = found
         if self._cache[0] != id(params):
-            self._cache = (id(params), gaussians_from_params(params, sh_degree, self.device))
+            self._cache = (id(params), gaussians_from_params(params, sh_degree, self.device, antialiased))
         return self._cache[1]
 
     def render_for(self, client: viser.ClientHandle) -> None:

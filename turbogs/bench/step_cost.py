@@ -35,7 +35,7 @@ def replicated_gaussians(base: Gaussians, count: int, generator: torch.Generator
     jitter = torch.randn(count, 3, generator=generator) * params["scales"].exp()
     params["means"] = params["means"] + jitter
     params["scales"] = params["scales"] - shrink
-    return Gaussians(params, base.sh_degree, base.active_sh_degree)
+    return Gaussians(params, base.sh_degree, base.active_sh_degree, antialiased=base.antialiased)
 
 
 def random_tile_mask(tile_rows: int, tile_cols: int, fraction: float, generator: torch.Generator) -> torch.Tensor:

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if not model_dir.is_dir():
         model_dir = model_dir.parent / f"{model_dir.name}_eval"
         model_dir.mkdir(exist_ok=True)
-    results = write_evaluation(model_dir, step or 0, evaluation, {"num_gaussians": len(gaussians)},
+    results = write_evaluation(model_dir, step or 0, evaluation,
+                               {"num_gaussians": len(gaussians), "antialiased": gaussians.antialiased},
                                save_images=not args.no_images)
     print(f"{len(scene.test)} test views in {time.perf_counter() - started:.1f} s: {metrics_line(results)}")
     print(f"wrote {model_dir / 'results.json'} and {model_dir / 'per_view.json'}")

@@ -18,7 +18,7 @@ def add_parser(subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from turbogs.formats import FORMATS, format_of, write_gaussians
-    from turbogs.formats.model_folder import load_model
+    from turbogs.formats.model_folder import load_model, model_antialiased, model_folder_of
 
     out = Path(args.output)
     fmt = args.format or format_of(out)
@@ -32,8 +32,14 @@ def run(args: argparse.Namespace) -> int:
         raise TurboGSError(f"{out.parent}: no such folder")
     import torch
 
-    params, sh_degree, _ = load_model(Path(args.model))
-    write_gaussians(out, fmt, params, device="cuda" if torch.cuda.is_available() else "cpu")  # .sog's k-means
+    model = Path(args.model)
+    params, sh_degree, _ = load_model(model)
+    antialiased = model_antialiased(model if model.is_dir() else model_folder_of(model))
+    write_gaussians(out, fmt, params, device="cuda" if torch.cuda.is_available() else "cpu",  # .sog's k-means
+                    antialiased=antialiased)
+    if antialiased and fmt != "spz":
+        print(f"note: the model was trained with --antialiased, which .{fmt} cannot record: a classic renderer "
+              "shows it without the opacity compensation (sub-pixel splats a little denser; .spz keeps the flag)")
     print(f"wrote {out} ({len(params['means'])} Gaussians, {fmt}, {out.stat().st_size} bytes"
           f"{', SH DC colors only' if fmt == 'splat' else f', SH degree {sh_degree}'})")
     return 0

@@ -64,7 +64,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-points", type=positive_int,
                    help="initial points along the camera rays when the capture has none (default: sized for the run from the "
                         "images' pixels, the device and the budget; 100000 for 3dgs)")
-    p.add_argument("--max-gaussians", type=positive_int, help="never grow beyond this many Gaussians")
+    p.add_argument("--max-gaussians", type=positive_int,
+                   help="never grow beyond this many Gaussians (with --density mcmc: the count it grows to)")
+    p.add_argument("--antialiased", action="store_true",
+                   help="Mip-Splatting's 2D filter with opacity compensation (gsplat's antialiased mode): no "
+                        "shimmer or thickening when viewed smaller or farther away; eval, render and view use it too")
     p.add_argument("--appearance", action="store_true",
                    help="learn a colour transform (3x3 + bias) per training photo, for photos that differ in exposure "
                         "and white balance; test views, viewer and exports show the uncorrected model")
@@ -92,7 +96,8 @@ def _ablation_flags(p: argparse.ArgumentParser) -> None:
     """Single TurboGS parts switched off or swapped, on top of any preset."""
     p.add_argument("--no-sparse", action="store_true", help="ablation: render every tile of every step")
     p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
-    p.add_argument("--density", choices=["3dgs", "error"], help="density control: INRIA's gradient rule or error-driven")
+    p.add_argument("--density", choices=["3dgs", "error", "mcmc"],
+                   help="density control: INRIA's gradient rule, error-driven, or 3DGS-MCMC (relocation under a fixed cap)")
     p.add_argument("--optimizer", choices=["adam", "hybrid"], help="Adam, or the hybrid Hessian-informed/Adam optimizer")
 
 
@@ -202,7 +207,8 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
     if args.viewer and world.is_main:
         from turbogs.viewer import LiveViewer
 
-        viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control)
+        viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control,
+                            antialiased=cfg.antialiased)
     options = RunOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
                          evaluate=True, progress=not args.quiet, images=args.images,
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
@@ -243,6 +249,8 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
         ABLATIONS[f"optimizer-{args.optimizer}"](cfg)
     if args.max_gaussians is not None:
         cfg.density.max_gaussians = args.max_gaussians
+    if args.antialiased:
+        ABLATIONS["antialiased"](cfg)
 
 
 def report(summary: dict, out_dir: Path) -> None:

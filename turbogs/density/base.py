@@ -8,6 +8,7 @@ these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboG
         features = strategy.render_features(len(gaussians), progress, device)
         out = render(..., extra_features=features)                  # extra channels, or None
         loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
+                                (+ strategy.regularizer(gaussians) when not None)
         strategy.before_backward(state, out); loss.backward()
         view_statistics = strategy.observe(state, DensityStep(...))  # this view's statistics
     statistics = the views' statistics combined, over the ranks too (`reductions`: "sum", or "max")
@@ -106,6 +107,11 @@ class Strategy:
                    mask: Optional[Tensor]) -> Optional[Tensor]:
         """A term to add to this step's loss, or None. `image` is the render as the loss compares
         it with `gt` (after the per-photo appearance correction, when there is one)."""
+        return None
+
+    def regularizer(self, gaussians: Gaussians) -> Optional[Tensor]:
+        """A term on the Gaussians themselves (not on a render) to add to each view's loss, or
+        None: 3DGS-MCMC's opacity and scale penalties."""
         return None
 
     def before_backward(self, state: Dict[str, Tensor], render_out) -> None:

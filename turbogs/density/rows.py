@@ -263,3 +263,35 @@ def set_values(gaussians: Gaussians, optimizers: Optimizers, name: str, values: 
         for key, value in optimizers[name].state.get(param, {}).items():
             if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n:
                 value.zero_()
+
+
+@torch.no_grad()
+def set_rows(gaussians: Gaussians, optimizers: Optimizers, mask: torch.Tensor, values: Mapping[str, torch.Tensor],
+             extra: Extra = None) -> None:
+    """Overwrite the masked rows of some parameters (`values`: full [N, ...] tensors, read at
+    the masked rows only) and zero those rows' optimizer state in every optimizer, and their
+    `extra` rows: a Gaussian moved or re-shaped in place (3DGS-MCMC's relocation) starts a new
+    trajectory, as an appended row does, while the other rows keep theirs exactly. Rows do
+    not change; masked arithmetic, no host read."""
+    n = len(gaussians)
+    _check_mask(mask, n, "mask")
+    _check_extra(extra, n)
+    for name, value in values.items():
+        param = gaussians.params[name]
+        if value.shape != param.shape:
+            raise ValueError(f"new values for '{name}' have shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+    for name, value in values.items():
+        param = gaussians.params[name]
+        param.copy_(torch.where(_rows_of(mask, param), value.to(param), param))
+    for name, optimizer in optimizers.items():
+        _check_bound(optimizer, name, gaussians)
+        for value in optimizer.state.get(gaussians.params[name], {}).values():
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n:
+                value.masked_fill_(_rows_of(mask, value), 0)
+    for value in (extra or {}).values():
+        value.masked_fill_(_rows_of(mask, value), 0)
+
+
+def _rows_of(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The [N] row mask shaped to broadcast over `like`'s [N, ...]."""
+    return mask.to(like.device).reshape((-1,) + (1,) * (like.dim() - 1))

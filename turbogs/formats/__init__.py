@@ -46,14 +46,18 @@ def read_gaussians(path) -> Tuple[Dict[str, np.ndarray], int]:
     raise InputError(f"{path}: cannot read a '{Path(path).suffix}' file as a model (use .ply, .spz or .sog)")
 
 
-def write_gaussians(path, fmt: str, params: Dict[str, np.ndarray], device: str = "cpu") -> None:
-    """Write `params` as `fmt`, atomically. The caller has checked the format and the path."""
+def write_gaussians(path, fmt: str, params: Dict[str, np.ndarray], device: str = "cpu", antialiased: bool = False) -> None:
+    """Write `params` as `fmt`, atomically. The caller has checked the format and the path.
+    `antialiased` (a model trained with --antialiased) is recorded where the format has a
+    place for it: .spz's header flag; .ply, .splat and .sog have none (see the README)."""
     if fmt == "ply":
         from turbogs.formats.ply import write_ply as write
     elif fmt == "splat":
         from turbogs.formats.splat import write_splat as write
     elif fmt == "spz":
-        from turbogs.formats.spz import write_spz as write
+        from turbogs.formats.spz import write_spz
+
+        return write_spz(path, params, antialiased=antialiased)
     elif fmt == "sog":
         from turbogs.formats.sog import write_sog
 

@@ -31,7 +31,11 @@ from turbogs.formats.ply import write_ply, write_points_ply
 STOPPED_MARK = "stopped.json"
 
 
-def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool) -> None:
+def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool,
+                   antialiased: bool = False) -> None:
+    """INRIA's fields, which SIBR reads, plus `antialiased` (the model's render mode: eval,
+    render and view read it back, so that a model trained with --antialiased is shown as it
+    was trained; Mip-Splatting's and gsplat's trainers add fields to this file the same way)."""
     fields = {
         "sh_degree": sh_degree,
         "source_path": str(Path(scene.source_path).resolve()) if scene.source_path else "",
@@ -41,6 +45,7 @@ def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, r
         "white_background": scene.white_background,
         "data_device": "cuda",
         "eval": eval_split,
+        "antialiased": bool(antialiased),
     }
     text = "Namespace(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
     atomic_write_text(Path(model_dir) / "cfg_args", text)
@@ -184,14 +189,37 @@ def scene_for_model(model_dir: Path, source: Optional[str], eval_split: Optional
                       white_background=bool(saved.get("white_background", False)))
 
 
+def model_antialiased(model_dir: Path) -> bool:
+    """Whether the model in `model_dir` was trained with --antialiased (its cfg_args says so);
+    False without a cfg_args, or an older one without the field, or an unreadable one."""
+    cfg_path = Path(model_dir) / "cfg_args"
+    if not cfg_path.is_file():
+        return False
+    try:
+        return bool(read_cfg_args(cfg_path).get("antialiased", False))
+    except InputError:
+        return False
+
+
 def load_gaussians(model: Path, device):
-    """The latest iteration of a model folder as Gaussians on `device` (all SH bands active),
-    and its iteration number."""
+    """The latest iteration of a model folder (or a model file) as Gaussians on `device` (all
+    SH bands active, the render mode its cfg_args records, the file's own folder's for a
+    file), and its iteration number."""
     import torch
 
     from turbogs.gaussians import Gaussians
 
     params, sh_degree, step = load_model(model)
     tensors = {k: torch.from_numpy(v) for k, v in params.items()}
-    gaussians = Gaussians(tensors, sh_degree, active_sh_degree=sh_degree).to(device)
+    folder = Path(model) if Path(model).is_dir() else model_folder_of(Path(model))
+    gaussians = Gaussians(tensors, sh_degree, active_sh_degree=sh_degree, antialiased=model_antialiased(folder)).to(device)
     return gaussians, step
+
+
+def model_folder_of(path: Path) -> Path:
+    """MODEL for MODEL/point_cloud/iteration_N/point_cloud.ply, else the file's folder (an
+    export beside the model's cfg_args)."""
+    parts = path.resolve().parts
+    if len(parts) >= 4 and parts[-3] == "point_cloud" and parts[-2].startswith("iteration_"):
+        return Path(*parts[:-3])
+    return path.resolve().parent

@@ -133,8 +133,14 @@ def _unpack_quats_smallest_three(comp: np.ndarray) -> np.ndarray:
     return q
 
 
-def encode(params: Dict[str, np.ndarray]) -> bytes:
-    """The gzip-compressed v3 .spz bytes of pre-activation parameters (INRIA .ply axes)."""
+# The header's flags byte: bit 0 says the splats were trained with the antialiasing filter
+# (Niantic's FlagAntialiased), so that a renderer that reads it applies the compensation too.
+FLAG_ANTIALIASED = 0x1
+
+
+def encode(params: Dict[str, np.ndarray], antialiased: bool = False) -> bytes:
+    """The gzip-compressed v3 .spz bytes of pre-activation parameters (INRIA .ply axes);
+    `antialiased` sets the header's antialiased flag."""
     means = np.asarray(params["means"], np.float64)
     n = means.shape[0]
     num_rest = params["shN"].shape[1]
@@ -152,13 +158,13 @@ def encode(params: Dict[str, np.ndarray]) -> bytes:
     sh = np.asarray(params["shN"], np.float64) * sh_flip_signs(num_rest)[None, :, None]
     sh_bytes = np.concatenate(
         [_quantize_sh(sh[:, :3], SH1_BITS), _quantize_sh(sh[:, 3:], SH_REST_BITS)], axis=1) if num_rest else sh.astype(np.uint8)
-    body = b"".join([HEADER.pack(MAGIC, VERSION, n, degree, bits, 0, 0), positions.tobytes(), alphas.tobytes(),
+    body = b"".join([HEADER.pack(MAGIC, VERSION, n, degree, bits, FLAG_ANTIALIASED if antialiased else 0, 0), positions.tobytes(), alphas.tobytes(),
                      colors.tobytes(), scales.tobytes(), rotations.tobytes(), sh_bytes.astype(np.uint8).tobytes()])
     return gzip.compress(body, compresslevel=9, mtime=0)
 
 
-def write_spz(path, params: Dict[str, np.ndarray]) -> None:
-    atomic_write_bytes(path, encode(params))
+def write_spz(path, params: Dict[str, np.ndarray], antialiased: bool = False) -> None:
+    atomic_write_bytes(path, encode(params, antialiased))
 
 
 def _bad(path, problem: str) -> InputError:

@@ -64,13 +64,17 @@ def _render_backend(cuda: bool):
 # --- the rasterization chain ------------------------------------------------------
 
 
-def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3):
+def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3,
+            antialiased=False):
     """Project Gaussians into one camera.
 
-    Returns radii [N, 2] int32 (0 where culled), means2d [N, 2], depths [N], conics [N, 3].
+    Returns radii [N, 2] int32 (0 where culled), means2d [N, 2], depths [N], conics [N, 3];
+    with `antialiased` (gsplat's rasterize_mode="antialiased"), a fifth tensor: each
+    Gaussian's opacity compensation [N] for the eps2d blur (0 where culled), which the
+    caller multiplies into the opacities.
     """
     return _render_backend(on_cuda(means)).project(
-        means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d
+        means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased
     )
 
 

@@ -42,15 +42,20 @@ def project(
     near_plane: float,
     far_plane: float,
     eps2d: float,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    antialiased: bool = False,
+):
     from gsplat.cuda._wrapper import fully_fused_projection
 
-    radii, means2d, depths, conics, _ = fully_fused_projection(
+    radii, means2d, depths, conics, compensations = fully_fused_projection(
         means, None, quats, scales, viewmat[None], K[None], width, height,
-        eps2d=eps2d, near_plane=near_plane, far_plane=far_plane,
+        eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, calc_compensations=antialiased,
     )
     radii, means2d, depths, conics = radii[0], means2d[0], depths[0], conics[0]
-    return zero_culled(radii, means2d, depths, conics, visible=(radii > 0).all(dim=-1))
+    visible = (radii > 0).all(dim=-1)
+    projected = zero_culled(radii, means2d, depths, conics, visible)
+    if not antialiased:
+        return projected
+    return projected + (torch.where(visible, compensations[0], 0.0),)
 
 
 def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:

@@ -59,12 +59,14 @@ def project(
     near_plane: float,
     far_plane: float,
     eps2d: float,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    antialiased: bool = False,
+):
     """Project Gaussians into one pinhole camera.
 
     Returns radii [N, 2] int32, means2d [N, 2], depths [N], conics [N, 3]. Culled
     Gaussians (outside near/far, degenerate, or off the image) get radii 0 and zeros
-    elsewhere, as the CUDA backend reports them.
+    elsewhere, as the CUDA backend reports them. With `antialiased`, also the opacity
+    compensations [N] of Mip-Splatting's 2D filter (`opacity_compensation`).
     """
     means_c, covars_c = world_to_camera(means, covariance(quats, scales), viewmat)
     depths = means_c[:, 2]
@@ -90,7 +92,22 @@ def project(
 
     safe_det = torch.where(visible, det, torch.ones_like(det))
     conics = torch.stack([var_y / safe_det, -cov_xy / safe_det, var_x / safe_det], dim=-1)
-    return zero_culled(radii, means2d, depths, conics, visible)
+    projected = zero_culled(radii, means2d, depths, conics, visible)
+    if not antialiased:
+        return projected
+    det_orig = cov2d[:, 0, 0] * cov2d[:, 1, 1] - cov_xy * cov_xy
+    compensation = opacity_compensation(det_orig, safe_det)
+    return projected + (torch.where(visible, compensation, torch.zeros_like(compensation)),)
+
+
+def opacity_compensation(det_orig: Tensor, det_blurred: Tensor) -> Tensor:
+    """Mip-Splatting's 2D filter keeps a splat's energy: blurring the screen covariance by
+    eps2d widens the Gaussian, so its peak opacity is scaled by sqrt(det(cov) / det(cov +
+    eps2d I)) <= 1, the ratio of the two normalisations. A splat much larger than a pixel
+    keeps its opacity (ratio ~1); one smaller than a pixel (seen from far away) is dimmed
+    instead of thickened, which is what removes the aliasing. Floored at 1e-12 under the
+    root so that a degenerate (flat) splat gets a finite gradient."""
+    return torch.sqrt(torch.clamp_min(det_orig / det_blurred, 1e-12))
 
 
 def zero_culled(radii: Tensor, means2d: Tensor, depths: Tensor, conics: Tensor, visible: Tensor):

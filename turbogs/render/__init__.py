@@ -47,6 +47,7 @@ def render(
     extra_features: Optional[Tensor] = None,
     near_plane: float = 0.01,
     far_plane: float = 1e10,
+    antialiased: Optional[bool] = None,
 ) -> RenderOutput:
     """Render `gaussians` as seen from `camera`.
 
@@ -55,6 +56,9 @@ def render(
     tile_mask: [TH, TW] bool; only these tiles are composited (see the module docstring).
     extra_features: [N, E] per-Gaussian values composited like colors (background 0),
         e.g. a channel of ones whose gradient is each Gaussian's share of the error.
+    antialiased: Mip-Splatting's 2D filter with opacity compensation (gsplat's
+        rasterize_mode="antialiased"); None = the model's own mode, `gaussians.antialiased`,
+        so that a model trained with it is evaluated, rendered and viewed with it.
     """
     means = gaussians.means
     device, dtype = means.device, means.dtype
@@ -77,9 +81,12 @@ def render(
 
     viewmat = camera.world_to_cam.to(device=device, dtype=dtype)
     K = camera.K.to(device=device, dtype=dtype)
-    radii_xy, means2d, depths, conics = kernels.project(
-        means, gaussians.quats, gaussians.scales, viewmat, K, width, height, near_plane, far_plane, EPS2D
+    antialiased = gaussians.antialiased if antialiased is None else antialiased
+    radii_xy, means2d, depths, conics, *compensation = kernels.project(
+        means, gaussians.quats, gaussians.scales, viewmat, K, width, height, near_plane, far_plane, EPS2D,
+        antialiased=antialiased,
     )
+    opacities = gaussians.opacities * compensation[0] if antialiased else gaussians.opacities
     if means2d.requires_grad:
         means2d.retain_grad()
 
@@ -101,7 +108,7 @@ def render(
         means2d, radii_xy, depths, TILE_SIZE, tile_width, tile_height, tile_mask
     )
     pixels, alpha = kernels.rasterize(
-        means2d, conics, colors, gaussians.opacities, width, height, TILE_SIZE,
+        means2d, conics, colors, opacities, width, height, TILE_SIZE,
         isect_offsets, flatten_ids, background, tile_mask,
     )
 

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional, Type
 
 from turbogs.density.base import DensityConfig
 from turbogs.density.error_driven import ErrorDensityConfig
+from turbogs.density.mcmc import McmcDensityConfig
 from turbogs.density.vanilla import VanillaDensityConfig
 from turbogs.errors import TurboGSError
 from turbogs.optim.base import AdamConfig, OptimizerConfig
@@ -72,6 +73,9 @@ class TrainConfig:
     # rule, ErrorDensityConfig = error-driven) and the optimizer (AdamConfig or HybridConfig).
     density: DensityConfig = field(default_factory=VanillaDensityConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    # --antialiased: Mip-Splatting's 2D filter with opacity compensation (gsplat's
+    # rasterize_mode="antialiased"); recorded in the model, whose every render then uses it
+    antialiased: bool = False
     # --appearance: a learned affine colour transform per training photo (off in every preset)
     appearance: AppearanceConfig = field(default_factory=AppearanceConfig)
     checkpoint_every_seconds: float = 60.0  # wall-clock, so that a killed run loses little
@@ -174,8 +178,13 @@ def _no_ncc(cfg: TrainConfig) -> None:
     cfg.tile_loss.lambda_ncc = 0.0
 
 
+def _antialiased(cfg: TrainConfig) -> None:
+    cfg.antialiased = True
+
+
 # The strategies and optimizers by the names --density and --optimizer take.
-DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig)}
+DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig,
+                                                                        McmcDensityConfig)}
 OPTIMIZER_CONFIGS: Dict[str, Type[OptimizerConfig]] = {c.name: c for c in (AdamConfig, HybridConfig)}
 
 
@@ -193,6 +202,7 @@ def _use(field_name: str, kind: type) -> Callable[[TrainConfig], None]:
 ABLATIONS: Dict[str, Callable[[TrainConfig], None]] = {
     "no-sparse": _dense_tiles,  # render every tile (the error memory still picks views)
     "no-ncc": _no_ncc,
+    "antialiased": _antialiased,  # not an ablation but a render mode: bench races it the same way
     **{f"density-{name}": _use("density", kind) for name, kind in DENSITY_CONFIGS.items()},
     **{f"optimizer-{name}": _use("optimizer", kind) for name, kind in OPTIMIZER_CONFIGS.items()},
 }

@@ -28,6 +28,7 @@ class RunningStats:
     grown: int = 0  # Gaussians cloned or split
     pruned: int = 0
     budget: Optional[int] = None  # the strategy's current cap on the count, when it has one
+    peak_gaussians: int = 0  # the most Gaussians density control reported (results.json)
     bad_streak: int = 0  # non-finite steps in a row, as of the last refresh
 
     def __post_init__(self):
@@ -64,6 +65,8 @@ class RunningStats:
         self.pruned += int(density.get("n_pruned", 0))
         if density.get("budget") is not None:
             self.budget = int(density["budget"])
+        if density.get("n_gaussians") is not None:
+            self.peak_gaussians = max(self.peak_gaussians, int(density["n_gaussians"]))
 
     def refresh(self) -> int:
         """Read the device's figures (one read); returns the longest run of skipped steps

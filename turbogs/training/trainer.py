@@ -91,7 +91,9 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
     count, why = initial_count(scene, cfg.init_random_points, device_type, cfg.budget_seconds,
                                getattr(cfg.density, "max_gaussians", None))
     points, colors = initial_points(scene, count, generator, log, why)
-    return Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
+    gaussians = Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
+    gaussians.antialiased = cfg.antialiased  # trained as it will be rendered
+    return gaussians
 
 
 def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
@@ -225,6 +227,9 @@ class Trainer:
         extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
         if extra is not None:
             loss = loss + extra
+        regularizer = self.density.regularizer(self.gaussians)  # e.g. MCMC's opacity and scale terms
+        if regularizer is not None:
+            loss = loss + regularizer
         # First-order curvature: a backward pass with random residuals, from the shared stream
         # when the step has one view, else from the slot's own.
         generator = self.generator if self.views_per_step == 1 else slot_generator(cfg.seed, self.step, slot)
@@ -478,6 +483,8 @@ class Trainer:
         self.read_device_figures(final=True)
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                 "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                "antialiased": self.cfg.antialiased,
+                "peak_gaussians": max(self.stats.peak_gaussians, len(self.gaussians)),
                 "backend": kernels.backend_name(self.device),
                 # steps count optimizer steps: views trained = steps x world_size x batch_views
                 "world_size": self.world.size, "batch_views": self.cfg.batch_views,
