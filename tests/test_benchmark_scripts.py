@@ -27,7 +27,7 @@ def run_script(name, *args, timeout=240):
 
 
 def test_every_script_is_listed_here():
-    assert set(SCRIPTS) == {"ablation.py", "antialias.py", "capture_kinds.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
+    assert set(SCRIPTS) == {"ablation.py", "antialias.py", "capture_kinds.py", "config_variants.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
                             "memory_per_gaussian.py", "preemption.py", "refactor_identity.py", "scaling_cpu.py",
                             "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here"
@@ -51,6 +51,7 @@ def test_every_script_answers_help(name):
     ("antialias.py", ["--scene", f"demo={DEMO}", "--steps", "3", "--out", "{tmp}"]),
     ("capture_kinds.py", ["--captures", "{tmp}", "--only", "forward", "--steps", "3", "--budget", "1", "--out",
                           "{tmp}/kinds.md"]),
+    ("config_variants.py", [DEMO, "turbo", "3", "density.opacity_decay=0.5", "seed=1"]),
     ("density_mcmc.py", ["--scene", f"demo={DEMO}:cap=3100", "--budget-seconds", "1", "--variants", "error", "mcmc",
                          "--out", "{tmp}"]),
 ])
