@@ -49,7 +49,7 @@ def test_every_script_answers_help(name):
     ("stop_agreement.py", ["--steps", "2", "--repeats", "1", "--warmup", "1"]),
     ("preemption.py", [DEMO, "--trials", "1", "--window", "1,2"]),
     ("antialias.py", ["--scene", f"demo={DEMO}", "--steps", "3", "--out", "{tmp}"]),
-    ("capture_kinds.py", ["--captures", "{tmp}", "--only", "forward", "--steps", "3", "--budget", "1", "--out",
+    ("capture_kinds.py", ["--captures", "{tmp}", "--only", "demo", "--steps", "3", "--budget", "1", "--out",
                           "{tmp}/kinds.md"]),
     ("config_variants.py", [DEMO, "turbo", "3", "density.opacity_decay=0.5", "seed=1"]),
     ("density_mcmc.py", ["--scene", f"demo={DEMO}:cap=3100", "--budget-seconds", "1", "--variants", "error", "mcmc",
