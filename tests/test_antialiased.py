@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from test_render import brute_force_composite, make_camera, make_gaussians
+from test_render import brute_force_composite, make_camera, make_gaussians, world_covariance
 from test_cli import small_demo
 
 from turbogs.cli import main
@@ -33,14 +33,7 @@ def independent_compensation(gaussians, camera, eps2d=EPS2D):
     out = []
     for i in range(len(gaussians)):
         p = R @ gaussians.means[i].detach().double() + t
-        q = torch.nn.functional.normalize(gaussians.params["quats"][i].detach().double(), dim=0)
-        w, x, y, z = q.tolist()
-        rot = torch.tensor([
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ], dtype=torch.float64)
-        cov = rot @ torch.diag(gaussians.scales[i].detach().double() ** 2) @ rot.T
+        cov = world_covariance(gaussians, i)
         J = torch.tensor([[fx / p[2], 0, -fx * p[0] / p[2] ** 2], [0, fy / p[2], -fy * p[1] / p[2] ** 2]],
                          dtype=torch.float64)
         cov2d = J @ R @ cov @ R.T @ J.T

@@ -148,13 +148,7 @@ def test_project_matches_independent_formula():
     lim_y = ((camera.height - cy) / fy + 0.15 * camera.height / fy, cy / fy + 0.15 * camera.height / fy)
     for i in range(30):
         p = R @ gaussians.means[i].detach().double() + t
-        w, x, y, z = torch.nn.functional.normalize(gaussians.params["quats"][i].detach().double(), dim=0).tolist()
-        rot = torch.tensor([
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ], dtype=torch.float64)
-        cov = rot @ torch.diag(gaussians.scales[i].detach().double() ** 2) @ rot.T
+        cov = world_covariance(gaussians, i)
         tx = p[2] * torch.clamp(p[0] / p[2], -lim_x[1], lim_x[0])
         ty = p[2] * torch.clamp(p[1] / p[2], -lim_y[1], lim_y[0])
         J = torch.tensor([[fx / p[2], 0, -fx * tx / p[2] ** 2], [0, fy / p[2], -fy * ty / p[2] ** 2]], dtype=torch.float64)
@@ -607,3 +601,15 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
         assert image[0].shape == (HEIGHT, WIDTH, 4) and image[1].shape == (HEIGHT, WIDTH, 1)
     dirs, coeffs = torch.randn(5, 3), torch.randn(5, 4, 3)
     torch.testing.assert_close(gsplat_backend.spherical_harmonics(1, dirs, coeffs), torch_backend.spherical_harmonics(1, dirs, coeffs))
+
+
+def world_covariance(gaussians, i):
+    """Gaussian i's 3D covariance R S S R^T from its quaternion and scales, in float64 (written
+    out here, not taken from the code under test)."""
+    w, x, y, z = torch.nn.functional.normalize(gaussians.params["quats"][i].detach().double(), dim=0).tolist()
+    rot = torch.tensor([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ], dtype=torch.float64)
+    return rot @ torch.diag(gaussians.scales[i].detach().double() ** 2) @ rot.T
