@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 
 def turbogs(*args) -> str:
     done = subprocess.run([sys.executable, "-m", "turbogs", *map(str, args)], capture_output=True, text=True)
@@ -53,6 +55,53 @@ def shipped_poses(scene: Path) -> str:
     raise SystemExit(f"{scene}: no shipped poses (sparse/ or transforms.json)")
 
 
+def world_to_cams(scene: Path) -> dict:
+    """{photo file name: 4x4 OpenCV world-to-camera} of a capture's poses, read by TurboGS's own readers."""
+    from turbogs.data import colmap
+    from turbogs.data.transforms import read_nerfstudio
+
+    folder = colmap.find_model_folder(scene)
+    if folder is not None:
+        return {Path(im.name).name: np.asarray(colmap.world_to_cam(im), dtype=np.float64)
+                for im in colmap.read_model(folder).images}
+    frames, _ = read_nerfstudio(scene)
+    return {Path(v.name).name: np.asarray(v.world_to_cam, dtype=np.float64) for v in frames.views}
+
+
+def similarity(src: np.ndarray, dst: np.ndarray):
+    """Scale s, rotation R, shift t minimising |s R src + t - dst|^2 (Umeyama 1991), for [N, 3] points."""
+    mu_s, mu_d = src.mean(0), dst.mean(0)
+    a, b = src - mu_s, dst - mu_d
+    u, sig, vt = np.linalg.svd(b.T @ a / len(src))
+    d = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
+    R = u @ d @ vt
+    s = float(np.trace(np.diag(sig) @ d) / (a ** 2).sum(1).mean())
+    return s, R, mu_d - s * R @ mu_s
+
+
+def pose_agreement(ours: dict, shipped: dict) -> str:
+    """Our cameras against the shipped ones, after the similarity that best maps our centres onto
+    theirs (SfM's frame and scale are its own): centre error as a fraction of the shipped cameras'
+    spread, and the angle between matching camera orientations."""
+    names = sorted(set(ours) & set(shipped))
+    if len(names) < 3:
+        return f"pose agreement: {len(names)} photos in common, too few to align"
+    centre = lambda w2c: -w2c[:3, :3].T @ w2c[:3, 3]  # noqa: E731
+    src = np.stack([centre(ours[n]) for n in names])
+    dst = np.stack([centre(shipped[n]) for n in names])
+    s, R, t = similarity(src, dst)
+    errors = np.linalg.norm(s * src @ R.T + t - dst, axis=1)
+    spread = float(np.sqrt(((dst - dst.mean(0)) ** 2).sum(1).mean()))
+    angles = []
+    for n in names:  # camera-to-world rotations: ours carried into the shipped frame by R
+        rel = shipped[n][:3, :3] @ R @ ours[n][:3, :3].T
+        skew = np.array([rel[2, 1] - rel[1, 2], rel[0, 2] - rel[2, 0], rel[1, 0] - rel[0, 1]])
+        angles.append(np.degrees(np.arctan2(np.linalg.norm(skew) / 2, (np.trace(rel) - 1) / 2)))  # exact near 0
+    return (f"pose agreement over {len(names)} photos (similarity-aligned camera centres): centre error "
+            f"median {np.median(errors) / spread:.2%}, max {errors.max() / spread:.2%} of the cameras' spread; "
+            f"orientation error median {np.median(angles):.2f} deg, max {max(angles):.2f} deg")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scene", type=Path,
@@ -72,6 +121,7 @@ def main() -> None:
     sfm_out = turbogs("sfm", ours, "--quiet")
     sfm_seconds = time.perf_counter() - start
     stats = json.loads((ours / "sparse" / "0" / "turbogs_sfm.json").read_text())
+    agreement = pose_agreement(world_to_cams(ours), world_to_cams(args.scene))
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         shipped = train(args.scene, root / f"shipped_seed{seed}", args, seed)
@@ -83,7 +133,8 @@ def main() -> None:
     print(next((line for line in sfm_out.splitlines() if line.startswith("SfM:")), "SfM: ?"))
     print(f"SfM wall time (turbogs sfm, whole command): {sfm_seconds:.1f} s; registered {stats['registered']} of "
           f"{stats['total_images']}" + ("" if stats["registered"] == stats["total_images"]
-                                        else " (the test splits differ: photos left out)") + "\n")
+                                        else " (the test splits differ: photos left out)"))
+    print(agreement + "\n")
     print("| seed | shipped poses PSNR | our SfM PSNR | ours - shipped | shipped SSIM | ours SSIM |")
     print("|---:|---:|---:|---:|---:|---:|")
     for seed, shipped, found in rows:

@@ -97,4 +97,57 @@ def test_sfm_vs_shipped_on_a_small_photo_capture(tmp_path):
     done = run_script("sfm_vs_shipped.py", tmp_path / "scene", "--steps", "10", "-r", "1", "--out", tmp_path / "runs")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "registered 16 of 16" in done.stdout and "| 0 |" in done.stdout and "mean gap" in done.stdout
+    assert "centre error median 0.00%" in done.stdout  # the same model on both sides: they agree exactly
+
+
+def _posed_cameras(count=8, seed=0):
+    """{name: world-to-camera} of cameras looking from a ring at the origin, made here from angles."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    poses = {}
+    for i in range(count):
+        a = 2 * np.pi * i / count
+        centre = np.array([3 * np.cos(a), 3 * np.sin(a), rng.uniform(-0.5, 0.5)])
+        forward = -centre / np.linalg.norm(centre)
+        right = np.cross(forward, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        R = np.stack([right, down, forward])  # rows: the camera's axes in the world
+        w2c = np.eye(4)
+        w2c[:3, :3], w2c[:3, 3] = R, -R @ centre
+        poses[f"{i:04d}.jpg"] = w2c
+    return poses
+
+
+def test_sfm_vs_shipped_pose_agreement_sees_through_a_similarity_and_finds_a_turned_camera():
+    """SfM's frame is its own: a rotated, scaled and shifted copy of the poses agrees exactly, and one
+    camera turned by a known angle comes out as that angle (an independent construction of both)."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("sfm_vs_shipped_bench", REPO / "benchmarks" / "sfm_vs_shipped.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shipped = _posed_cameras()
+    c, s = np.cos(0.7), np.sin(0.7)
+    Q = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ np.array([[1.0, 0, 0], [0, c, -s], [0, s, c]])
+    scale, shift = 0.4, np.array([1.0, -2.0, 5.0])
+    ours = {}
+    for name, w2c in shipped.items():  # a world point x is Q x * scale + shift in "our" frame
+        new = np.eye(4)
+        new[:3, :3] = w2c[:3, :3] @ Q.T
+        new[:3, 3] = scale * w2c[:3, 3] - new[:3, :3] @ shift
+        ours[name] = new
+    line = bench.pose_agreement(ours, shipped)
+    assert "over 8 photos" in line and "median 0.00%, max 0.00%" in line and "max 0.00 deg" in line, line
+    turn = np.radians(3.0)
+    ours["0003.jpg"] = ours["0003.jpg"].copy()
+    ours["0003.jpg"][:3, :3] = np.array([[np.cos(turn), -np.sin(turn), 0], [np.sin(turn), np.cos(turn), 0],
+                                          [0, 0, 1.0]]) @ ours["0003.jpg"][:3, :3]
+    ours["0003.jpg"][:3, 3] = np.array([[np.cos(turn), -np.sin(turn), 0], [np.sin(turn), np.cos(turn), 0],
+                                         [0, 0, 1.0]]) @ (ours["0003.jpg"][:3, 3])  # same centre, turned
+    line = bench.pose_agreement(ours, shipped)
+    assert "centre error median 0.00%, max 0.00%" in line and "max 3.00 deg" in line, line
 
