@@ -102,6 +102,35 @@ def pose_agreement(ours: dict, shipped: dict) -> str:
             f"orientation error median {np.median(angles):.2f} deg, max {max(angles):.2f} deg")
 
 
+def write_aligned_capture(scene: Path, ours: Path, dest: Path) -> str:
+    """A control for a shipped transforms.json without points: the same photos and poses, plus our SfM
+    points carried into the shipped frame by the similarity that aligns our cameras to theirs, named
+    by ply_file_path. Training on it separates what the poses cost from what a start from points gives."""
+    from plyfile import PlyData, PlyElement
+
+    from turbogs.data import colmap
+
+    shipped = world_to_cams(scene)
+    found = world_to_cams(ours)
+    names = sorted(set(found) & set(shipped))
+    centre = lambda w2c: -w2c[:3, :3].T @ w2c[:3, 3]  # noqa: E731
+    s, R, t = similarity(np.stack([centre(found[n]) for n in names]), np.stack([centre(shipped[n]) for n in names]))
+    model = colmap.read_model(colmap.find_model_folder(ours))
+    xyz = s * model.points.astype(np.float64) @ R.T + t
+    dest.mkdir(parents=True, exist_ok=True)
+    if not (dest / "images").exists():
+        (dest / "images").symlink_to((scene / "images").resolve(), target_is_directory=True)
+    vertex = np.empty(len(xyz), dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"),
+                                       ("red", "u1"), ("green", "u1"), ("blue", "u1")])
+    vertex["x"], vertex["y"], vertex["z"] = xyz.T
+    vertex["red"], vertex["green"], vertex["blue"] = model.colors.astype(np.uint8).T
+    PlyData([PlyElement.describe(vertex, "vertex")]).write(str(dest / "sfm_points_aligned.ply"))
+    data = json.loads((scene / "transforms.json").read_text())
+    data["ply_file_path"] = "sfm_points_aligned.ply"
+    (dest / "transforms.json").write_text(json.dumps(data, indent=1))
+    return f"wrote {dest}: the shipped poses and {len(xyz)} of our points (scale {s:.4f} into their frame)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scene", type=Path,
@@ -114,10 +143,16 @@ def main() -> None:
     parser.add_argument("--reuse-sfm", action="store_true",
                         help="keep the model a previous run left in OUT/ours (its phase times come from its "
                              "turbogs_sfm.json) and only train: for more seeds without paying for SfM again")
+    parser.add_argument("--write-aligned-capture", type=Path, metavar="DIR",
+                        help="only write DIR, a control capture (the shipped transforms.json poses and our SfM "
+                             "points aligned into their frame) from the model in OUT/ours, then stop")
     args = parser.parse_args()
     shipped_kind = shipped_poses(args.scene)
     root = args.out or Path(tempfile.mkdtemp(prefix="sfm_vs_shipped_"))
     ours = root / "ours"
+    if args.write_aligned_capture is not None:
+        print(write_aligned_capture(args.scene, ours, args.write_aligned_capture))
+        return
     if args.reuse_sfm and (ours / "sparse" / "0" / "turbogs_sfm.json").is_file():
         sfm_out, sfm_seconds = "SfM: reused from an earlier run (--reuse-sfm)", float("nan")
     else:
