@@ -173,7 +173,8 @@ def main() -> None:
           f"--preset {args.preset} --seeds {args.seeds}" + (" --reuse-sfm" if args.reuse_sfm else "") + "\n")
     print(next((line for line in sfm_out.splitlines() if line.startswith("SfM:")), "SfM: ?"))
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in stats["seconds"].items())
-    print(f"SfM wall time (turbogs sfm, whole command): {sfm_seconds:.1f} s ({phases}); registered {stats['registered']} of "
+    wall = "not timed (reused)" if sfm_seconds != sfm_seconds else f"{sfm_seconds:.1f} s"
+    print(f"SfM wall time (turbogs sfm, whole command): {wall} ({phases}); registered {stats['registered']} of "
           f"{stats['total_images']}" + ("" if stats["registered"] == stats["total_images"]
                                         else " (the test splits differ: photos left out)"))
     print(agreement + "\n")
