@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=100.0, help="turbo's budget run in seconds (0 = none)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--only", help="comma-separated capture names (default: all)")
+    parser.add_argument("--turbo-only", action="store_true", help="skip the 3dgs runs (e.g. for a 'before' column)")
     parser.add_argument("--extra", action="append", default=[], help="NAME=PATH[:rN][:w], another capture")
     parser.add_argument("--out", help="markdown file to write the tables to")
     args = parser.parse_args()
@@ -74,7 +75,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "scenes"))
     import make_captures
 
-    runs = [("turbo", args.steps, 0.0), ("3dgs", args.steps, 0.0)] + ([("turbo", 0, args.budget)] if args.budget else [])
+    runs = [("turbo", args.steps, 0.0)] + ([] if args.turbo_only else [("3dgs", args.steps, 0.0)])
+    runs += [("turbo", 0, args.budget)] if args.budget else []
     rows, means = [], []
     with tempfile.TemporaryDirectory() as scratch:
         for name, (where, flags) in kinds.items():

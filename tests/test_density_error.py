@@ -286,7 +286,8 @@ def test_growth_where_blame_is_high_clones_small_and_splits_large():
     log_scales = [SMALL, SMALL, LARGE, LARGE, LARGE, SMALL, LARGE, SMALL]
     gaussians = make_gaussians(log_scales, [0.5] * 8)
     before = gaussians.raw()
-    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=1.5, grow_fraction=1.0, max_gaussians=100))
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=1.5, grow_fraction=1.0, max_gaussians=100,
+                                                     opacity_decay=1.0))
     state = strategy.initial_state(8)
     state.update(hand_state(8, [0.01, 1.0, 0.01, 0.01, 2.0, 0.01, 0.02, 0.0]))
     stats = strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
@@ -343,7 +344,7 @@ def test_pruning_by_opacity_size_and_hidden():
 @pytest.mark.parametrize("split_into", [2, 3])
 def test_budget_cap_holds_at_every_progress(split_into):
     cfg = ErrorDensityConfig(densify_from=0.1, budget_full_at=0.6, max_gaussians=60, grow_ratio=0.0,
-                             grow_fraction=1.0, split_into=split_into)
+                             grow_fraction=1.0, split_into=split_into, opacity_decay=1.0)
     strategy = ErrorDrivenDensity(cfg)
     n0 = 20
     gaussians = make_gaussians([SMALL, LARGE] * (n0 // 2), [0.5] * n0)
@@ -457,6 +458,32 @@ def test_opacity_decay_scales_opacity_and_keeps_moments():
     before = gaussians.opacities.detach().clone()
     strategy.densify_and_prune(state, gaussians, optimizers, 1.0, progress=0.5)
     torch.testing.assert_close(gaussians.opacities.detach(), before * 0.5)
+
+
+def test_a_floater_the_loss_does_not_hold_is_pruned_within_a_short_runs_window():
+    """The default decay's purpose: a Gaussian at the initial opacity (0.1) that no gradient keeps
+    opaque (a point placed in empty space) fades to under a tenth of it by the end of a 1000-step
+    run's window and below the pruning threshold in a 2000-step one, by the decay alone; none comes
+    before the dense fifth of the run, which makes the surfaces opaque."""
+    cfg = ErrorDensityConfig()
+    strategy = ErrorDrivenDensity(cfg)
+    for steps, limit in ((1000, 0.01), (2000, cfg.prune_opacity)):
+        decays = [step for step in range(1, steps + 1) if strategy.should_densify(step, step / steps)
+                  and step / steps >= cfg.opacity_decay_from]
+        assert decays and decays[0] >= steps // 5
+        gaussians = make_gaussians([SMALL], [0.1])
+        for _ in decays:
+            decay_opacity(gaussians, cfg.opacity_decay)
+        assert float(gaussians.opacities[0]) < limit
+
+    # wired in: no decay before opacity_decay_from, a decay after it
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(max_gaussians=100))
+    for progress, factor in ((0.1, 1.0), (0.3, cfg.opacity_decay)):
+        gaussians = make_gaussians([SMALL] * 2, [0.5, 0.9])
+        optimizers = make_optimizers(gaussians)
+        before = gaussians.opacities.detach().clone()
+        strategy.densify_and_prune(strategy.initial_state(2), gaussians, optimizers, 1.0, progress=progress)
+        torch.testing.assert_close(gaussians.opacities.detach(), before * factor)
 
 
 @pytest.mark.parametrize(

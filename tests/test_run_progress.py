@@ -88,3 +88,19 @@ def test_the_initial_count_obeys_the_user_and_the_gaussian_budget():
     assert init_size.initial_count(scene, 1234, "cpu", 100.0, None) == (1234, "as --init-points asks")
     count, why = init_size.initial_count(scene, None, "cuda", None, 5000)
     assert count == 5000 and "budget" in why
+
+
+def test_a_budget_runs_bar_counts_seconds_of_the_budget_and_shows_the_step(tmp_path, capsys):
+    from test_cli import small_demo
+
+    from turbogs.data.load import load_scene
+    from turbogs.training.config import get_preset
+    from turbogs.training.trainer import RunOptions, Trainer
+
+    scene = load_scene(small_demo(tmp_path, views=4), log=lambda message: None)
+    trainer = Trainer(scene, get_preset("turbo").for_run(budget_seconds=1.5),
+                      RunOptions(out_dir=tmp_path / "out", progress=True, log=lambda message: None))
+    trainer.run()
+    bar = capsys.readouterr().err
+    assert "s of budget" in bar and "left]" in bar and f"step={trainer.step}" in bar
+    assert "/2 s of budget" in bar and trainer.elapsed >= 1.5  # total shown rounded; the run used its budget
