@@ -100,4 +100,102 @@ def test_sfm_vs_shipped_on_a_small_photo_capture(tmp_path):
     done = run_script("sfm_vs_shipped.py", tmp_path / "scene", "--steps", "10", "-r", "1", "--out", tmp_path / "runs")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "registered 16 of 16" in done.stdout and "| 0 |" in done.stdout and "mean gap" in done.stdout
+    assert "pose agreement over 16 photos" in done.stdout  # two SfM runs: close, not always bit-identical
 
+
+def _posed_cameras(count=8, seed=0):
+    """{name: world-to-camera} of cameras looking from a ring at the origin, made here from angles."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    poses = {}
+    for i in range(count):
+        a = 2 * np.pi * i / count
+        centre = np.array([3 * np.cos(a), 3 * np.sin(a), rng.uniform(-0.5, 0.5)])
+        forward = -centre / np.linalg.norm(centre)
+        right = np.cross(forward, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        R = np.stack([right, down, forward])  # rows: the camera's axes in the world
+        w2c = np.eye(4)
+        w2c[:3, :3], w2c[:3, 3] = R, -R @ centre
+        poses[f"{i:04d}.jpg"] = w2c
+    return poses
+
+
+def test_sfm_vs_shipped_pose_agreement_sees_through_a_similarity_and_finds_a_turned_camera():
+    """SfM's frame is its own: a rotated, scaled and shifted copy of the poses agrees exactly, and one
+    camera turned by a known angle comes out as that angle (an independent construction of both)."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("sfm_vs_shipped_bench", REPO / "benchmarks" / "sfm_vs_shipped.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shipped = _posed_cameras()
+    c, s = np.cos(0.7), np.sin(0.7)
+    Q = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ np.array([[1.0, 0, 0], [0, c, -s], [0, s, c]])
+    scale, shift = 0.4, np.array([1.0, -2.0, 5.0])
+    ours = {}
+    for name, w2c in shipped.items():  # a world point x is Q x * scale + shift in "our" frame
+        new = np.eye(4)
+        new[:3, :3] = w2c[:3, :3] @ Q.T
+        new[:3, 3] = scale * w2c[:3, 3] - new[:3, :3] @ shift
+        ours[name] = new
+    line = bench.pose_agreement(ours, shipped)
+    assert "over 8 photos" in line and "median 0.00%, max 0.00%" in line and "max 0.00 deg" in line, line
+    turn = np.radians(3.0)
+    ours["0003.jpg"] = ours["0003.jpg"].copy()
+    ours["0003.jpg"][:3, :3] = np.array([[np.cos(turn), -np.sin(turn), 0], [np.sin(turn), np.cos(turn), 0],
+                                          [0, 0, 1.0]]) @ ours["0003.jpg"][:3, :3]
+    ours["0003.jpg"][:3, 3] = np.array([[np.cos(turn), -np.sin(turn), 0], [np.sin(turn), np.cos(turn), 0],
+                                         [0, 0, 1.0]]) @ (ours["0003.jpg"][:3, 3])  # same centre, turned
+    line = bench.pose_agreement(ours, shipped)
+    assert "centre error median 0.00%, max 0.00%" in line and "max 3.00 deg" in line, line
+
+
+
+def test_sfm_vs_shipped_aligned_capture_carries_points_into_the_shipped_frame(tmp_path):
+    """The control capture: a point seen by 'our' cameras lands where the shipped cameras see it.
+    Our model is the shipped poses moved by a known similarity (written as COLMAP text here); a
+    point put in both frames by hand must come out of the .ply at its shipped position."""
+    import importlib.util
+
+    import numpy as np
+    from scipy.spatial.transform import Rotation
+
+    from turbogs.data.transforms import read_ply_points
+
+    spec = importlib.util.spec_from_file_location("sfm_vs_shipped_bench2", REPO / "benchmarks" / "sfm_vs_shipped.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    shipped = _posed_cameras()
+    Q, scale, shift = Rotation.from_euler("xyz", [0.4, -0.9, 1.3]).as_matrix(), 0.5, np.array([2.0, 0.5, -1.0])
+    scene, ours = tmp_path / "shipped", tmp_path / "ours"
+    (scene / "images").mkdir(parents=True)
+    (ours / "sparse" / "0").mkdir(parents=True)
+    flip = np.diag([1.0, -1.0, -1.0, 1.0])  # OpenCV camera axes -> OpenGL's, as transforms.json stores them
+    frames, lines = [], []
+    for i, (name, w2c) in enumerate(shipped.items()):
+        (scene / "images" / name).write_bytes(b"")
+        frames.append({"file_path": f"images/{name}", "transform_matrix": (np.linalg.inv(w2c) @ flip).tolist()})
+        new = np.eye(4)
+        new[:3, :3] = w2c[:3, :3] @ Q.T
+        new[:3, 3] = scale * w2c[:3, 3] - new[:3, :3] @ shift
+        qw, qx, qy, qz = np.roll(Rotation.from_matrix(new[:3, :3]).as_quat(), 1)
+        lines.append(f"{i + 1} {qw} {qx} {qy} {qz} {' '.join(map(str, new[:3, 3]))} 1 {name}\n\n")
+    (scene / "transforms.json").write_text(json.dumps({"fl_x": 50, "fl_y": 50, "cx": 32, "cy": 24, "w": 64, "h": 48,
+                                                       "frames": frames}))
+    (ours / "sparse" / "0" / "cameras.txt").write_text("1 PINHOLE 64 48 50 50 32 24\n")
+    (ours / "sparse" / "0" / "images.txt").write_text("".join(lines))
+    point = np.array([0.3, -0.2, 0.1])  # in the shipped world; in ours it is scale * Q p + shift
+    mine = scale * Q @ point + shift
+    (ours / "sparse" / "0" / "points3D.txt").write_text(f"1 {mine[0]} {mine[1]} {mine[2]} 200 100 50 0.1\n")
+    line = bench.write_aligned_capture(scene, ours, tmp_path / "control")
+    assert "1 of our points" in line
+    xyz, rgb = read_ply_points(tmp_path / "control" / "sfm_points_aligned.ply")
+    np.testing.assert_allclose(xyz[0], point, atol=1e-5)
+    np.testing.assert_allclose(rgb[0], np.array([200, 100, 50]) / 255.0, atol=1e-6)
+    data = json.loads((tmp_path / "control" / "transforms.json").read_text())
+    assert data["ply_file_path"] == "sfm_points_aligned.ply" and len(data["frames"]) == len(shipped)
