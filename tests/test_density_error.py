@@ -496,6 +496,7 @@ def test_a_floater_the_loss_does_not_hold_is_pruned_within_a_short_runs_window()
         {"max_gaussians": 0},
         {"grow_fraction": 0.0},
         {"opacity_decay": 1.5},
+        {"opacity_decay_from": 1.5},
         {"hidden_weight": -1.0},
     ],
 )

@@ -198,6 +198,7 @@ class ErrorDensityConfig(DensityConfig):
               f"budget_start must be >= 0 (or unset), got {self.budget_start}")
         check(0 < self.grow_fraction <= 1, f"grow_fraction must be in (0, 1], got {self.grow_fraction}")
         check(0 < self.opacity_decay <= 1, f"opacity_decay must be in (0, 1], got {self.opacity_decay}")
+        check(0 <= self.opacity_decay_from <= 1, f"opacity_decay_from must be in [0, 1], got {self.opacity_decay_from}")
         for name in ("grow_ratio", "percent_dense", "prune_opacity", "prune_min_scale", "hidden_weight"):
             check(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
 
