@@ -347,3 +347,17 @@ def test_torchrun_starts_the_same_ranks(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("done: 6 steps") == 1 and "x 2 ranks (gloo)" in result.stdout
     model_values(tmp_path / "run")
+
+
+def test_a_rank_ends_with_its_code_after_the_exit_handlers_and_flushed_output():
+    """exit_rank skips libtorch's C++ teardown (a gloo rank can abort there) but nothing Python
+    would do at exit is lost: atexit handlers run, buffered output arrives, the code is kept."""
+    program = ("import atexit, sys\n"
+               "from turbogs.distributed.world import exit_rank\n"
+               "atexit.register(lambda: print('handler ran'))\n"
+               "sys.stdout.write('buffered ')\n"
+               "exit_rank(3)\n"
+               "print('never')\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered handler ran\n"

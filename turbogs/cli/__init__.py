@@ -26,4 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_command(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    code = run_command(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    if argv is None:  # the process's own command: a rank of several ends past the C++ teardown
+        from turbogs.distributed.world import exit_rank, launched_by_torchrun
+
+        if launched_by_torchrun():
+            exit_rank(code)
+    return code
