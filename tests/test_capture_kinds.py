@@ -1,10 +1,13 @@
-"""The default preset on a capture without points: an object on white (NeRF-synthetic style,
-made by `scenes/make_captures.py`'s independent ray caster), where turbo used to train to fog.
+"""The default preset on every kind of capture users bring, made by `scenes/make_captures.py`'s
+independent ray caster (and the demo, COLMAP with points).
 
-Two runs in one process, so that no figure measured on one CPU is asserted: the default, and
-the same without error-driven density's opacity decay (what the default was). Measured (seed 0,
-600 steps): 17.92 dB against 15.43; at 1000 steps 20.23 against 15.35
-(benchmarks/results/2026-12-05_cpu_capture_kinds.md). Removing the decay fails this test.
+1. An object on white without points, where turbo used to train to fog: the default against
+   the same without error-driven density's opacity decay (what the default was), two runs in
+   one process, so that no figure measured on one CPU is asserted. Measured (seed 0, 600 steps):
+   17.92 dB against 15.43; at 1000 steps 20.23 against 15.35
+   (benchmarks/results/2026-12-05_cpu_capture_kinds.md). Removing the decay fails this test.
+2. Every kind: turbo against 3dgs at equal steps, and turbo's default 100-second budget
+   against a floor (benchmarks/results/2026-12-05_cpu_capture_kinds_2.md).
 """
 
 import importlib.util
@@ -48,3 +51,46 @@ def test_an_object_on_white_without_points_trains_clear_not_to_fog(tmp_path):
     psnr = {name: trained_psnr(scene, cfg.for_run(steps=STEPS), tmp_path / name)
             for name, cfg in (("default", default), ("without decay", without_decay))}
     assert psnr["default"] >= psnr["without decay"] + GAIN_DB, psnr
+
+
+# --- every kind of capture: turbo against 3dgs at equal steps, and the default 100 s budget ---
+
+EQUAL_STEPS = 500
+BUDGET_SECONDS = 100.0
+# capture -> (white background, how far turbo may trail 3dgs at EQUAL_STEPS, the budget run's floor), in dB.
+# Measured on a 2-core Xeon, one thread a run, seeds 0 / 1 (benchmarks/results/2026-12-05_cpu_capture_kinds_2.md):
+# turbo - 3dgs at 500 steps and turbo's 100 s run (seed 0, four runs sharing the two cores).
+# Issue 34's bar is a trail of 0.5 dB at most; where turbo does not meet it yet (every capture with
+# points, and forward-facing without) the allowance is the worst trail measured plus 1 dB, so that
+# this test holds what there is and fails on a regression; the floors are 3 dB under the 100 s runs.
+KINDS = {
+    "demo": (False, 2.9, 18.0),  # COLMAP with points: -1.03 / -1.91; 21.18 dB in 100 s (863 steps)
+    "forward_points": (False, 2.2, 23.0),  # transforms.json + points: -1.14 / -1.06; 26.17 dB (840 steps)
+    "masks": (False, 2.8, 23.0),  # passers-by masked out: -1.83 / -1.36; 26.05 dB (1012 steps)
+    "forward": (False, 2.8, 17.5),  # forward-facing, no points: -0.85 / -1.78; 20.70 dB (299 steps)
+    "synthetic": (True, 0.5, 13.5),  # an object on white, no points: +0.52 / +0.90; 16.68 dB
+    "exposure": (False, 0.5, 11.5),  # photos with different exposures: -0.07 / +0.25; 14.82 dB
+}
+
+
+def kind_scene(kind: str, folder):
+    path = REPO / "scenes" / "demo" if kind == "demo" else captures.make_capture(kind, str(folder))
+    return load_scene(path, eval_split=True, white_background=KINDS[kind][0], log=quiet)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_turbo_keeps_up_with_3dgs_at_equal_steps_and_trains_in_its_default_budget(kind, tmp_path):
+    """Both presets for EQUAL_STEPS in one process (so no CPU's rounding is asserted), 3dgs
+    from the same sized start as turbo where the capture has no points (INRIA's 100k would
+    take this test 10 minutes a run); then turbo as users run it, its 100 s budget, against a
+    floor well under what it scored here under load (another CPU makes more or fewer steps)."""
+    white, trail_db, floor_db = KINDS[kind]
+    scene = kind_scene(kind, tmp_path)
+    turbo, vanilla = get_preset("turbo"), get_preset("3dgs")
+    vanilla.init_random_points = None  # sized like turbo's start (turbogs/training/init_size.py)
+    psnr = {name: trained_psnr(scene, cfg.for_run(steps=EQUAL_STEPS), tmp_path / name)
+            for name, cfg in (("turbo", turbo), ("3dgs", vanilla))}
+    assert psnr["turbo"] >= psnr["3dgs"] - trail_db, psnr
+    budget = trained_psnr(scene, get_preset("turbo").for_run(budget_seconds=BUDGET_SECONDS), tmp_path / "budget")
+    assert budget >= floor_db, (budget, psnr)
