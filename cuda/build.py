@@ -30,7 +30,10 @@ NVCC_FLAGS = ["-O3", "-lineinfo"]
 # ATen's headers, so without -fopenmp it would run every tile on one thread. The module
 # links libgomp.so.1, which resolves to the copy torch has already loaded (one thread pool).
 CPU_DIR = HERE / "cpu"
-CPU_CXX_FLAGS = ["-O3", "-fopenmp"]
+# -ffp-contract=off: no fused multiply-adds, so that the AVX2 and baseline copies of the kernels
+# (cpu/rasterize_cpu.cpp) round every step alike, as torch's kernels do; -Wno-psabi: the
+# vector types' ABI note for the baseline copy, whose vector functions are all inlined.
+CPU_CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi"]
 CPU_LD_FLAGS = ["-fopenmp"]
 CPU_MODULE = "turbogs_cpu"
 
@@ -94,6 +97,10 @@ def cpu_sources() -> List[Path]:
     return sorted(CPU_DIR.glob("*.cpp"))
 
 
+def cpu_headers() -> List[Path]:
+    return sorted(CPU_DIR.glob("*.h"))
+
+
 def cpu_build_dir() -> Path:
     """Beside the CUDA build, in a folder of its own (each torch build folder holds one module)."""
     return default_build_dir() / "cpu"
@@ -103,7 +110,7 @@ def cpu_build_is_current() -> bool:
     """Whether a built CPU module is there, newer than every source (then loading it compiles
     nothing; torch's loader decides for itself, this only tells whether to say so)."""
     built = list(cpu_build_dir().glob(CPU_MODULE + "*.so"))
-    newest_source = max(path.stat().st_mtime for path in cpu_sources() + [Path(__file__)])
+    newest_source = max(path.stat().st_mtime for path in cpu_sources() + cpu_headers() + [Path(__file__)])
     return any(path.stat().st_mtime >= newest_source for path in built)
 
 
@@ -117,6 +124,7 @@ def load_cpu_jit(verbose: bool = False):
     return load(
         name=CPU_MODULE,
         sources=[str(path) for path in cpu_sources()],
+        extra_include_paths=[str(CPU_DIR)],
         extra_cflags=CPU_CXX_FLAGS,
         extra_ldflags=CPU_LD_FLAGS,
         build_directory=str(build_dir),

@@ -12,6 +12,7 @@ Skipped, with the reason, only where it cannot be built (no C++ compiler).
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -25,8 +26,12 @@ WIDTH, HEIGHT = 90, 70  # 6 x 5 tiles, the last column and row partial
 
 @pytest.fixture(scope="module", autouse=True)
 def native():
-    if not raster_cpu.load(log=lambda message: None):
-        pytest.skip("TurboGS's CPU kernels could not be built here (no C++ compiler?)")
+    """Skipped where there is no C++ compiler; with one, a failed build is a failure."""
+    lines = []
+    if not raster_cpu.load(log=lines.append):
+        if not any(shutil.which(name) for name in ("c++", "g++", "clang++")):
+            pytest.skip("no C++ compiler here: TurboGS's CPU kernels cannot be built")
+        pytest.fail(f"TurboGS's CPU kernels failed to build with a compiler present: {lines}")
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,423 @@
+// The kernels of rasterize_cpu.cpp, included there twice: once for the baseline instruction
+// set, once (on x86-64 with GCC) inside `#pragma GCC target("avx2")`, so that one build runs
+// its vectors as AVX2 where the CPU has it and as SSE2 elsewhere. No include guard, no
+// includes: rasterize_cpu.cpp includes what this needs before each copy, and wraps each copy
+// in a namespace of its own.
+
+// The twin's thresholds as its tensors compare them: F.threshold against the largest float32
+// below 1/255 ("raw > it" is "raw >= 1/255" in float32), the others as scalars of the dtype.
+template <typename scalar_t>
+struct Rules {
+  scalar_t below_alpha_threshold = static_cast<scalar_t>(std::nextafter(static_cast<float>(kAlphaThreshold), 0.0f));
+  scalar_t max_alpha = static_cast<scalar_t>(kMaxAlpha);
+  scalar_t min_transmittance = static_cast<scalar_t>(kMinTransmittance);
+};
+
+// One tile's Gaussians, copied in depth order.
+template <typename scalar_t>
+struct TileGaussians {
+  std::vector<scalar_t> mx, my, a, b, c, opacity, skip_below, colors;
+  std::vector<char> positive_definite;
+  int64_t count = 0;
+
+  void load(int64_t start, int64_t end, const int32_t* ids, const scalar_t* means2d, const scalar_t* conics,
+            const scalar_t* opacities, const scalar_t* all_colors, int64_t channels) {
+    count = end - start;
+    for (auto* v : {&mx, &my, &a, &b, &c, &opacity, &skip_below}) v->resize(count);
+    positive_definite.resize(count);
+    colors.resize(count * channels);
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t g = ids[start + k];
+      mx[k] = means2d[2 * g];
+      my[k] = means2d[2 * g + 1];
+      a[k] = conics[3 * g];
+      b[k] = conics[3 * g + 1];
+      c[k] = conics[3 * g + 2];
+      opacity[k] = opacities[g];
+      positive_definite[k] = a[k] > 0 && a[k] * c[k] - b[k] * b[k] > 0;
+      // -sigma below log(threshold / opacity) - margin: opacity * exp(-sigma) is surely below
+      // the threshold. No positive opacity (or NaN): never skipped here, the exact test decides.
+      const double o = static_cast<double>(opacity[k]);
+      skip_below[k] = o > 0 ? static_cast<scalar_t>(std::log(kAlphaThreshold / o) - kSkipMargin)
+                            : -std::numeric_limits<scalar_t>::infinity();
+      for (int64_t ch = 0; ch < channels; ++ch) colors[k * channels + ch] = all_colors[g * channels + ch];
+    }
+  }
+
+  // Per pixel row of the tile: the Gaussians, in depth order, that can pass the alpha
+  // threshold somewhere on the row, with the pixel columns [lo, hi] where they can. On row
+  // y, -sigma >= skip level is a quadratic inequality in dx (a dx^2 + 2 b dy dx + c dy^2 +
+  // 2 level <= 0), solved in double and widened by a pixel: a column outside it surely fails
+  // the exact test, which still decides every column inside. A conic that is not positive
+  // definite, or an opacity that is not positive, keeps the whole row.
+  std::vector<int32_t> row_begin, row_k, row_lo, row_hi;
+
+  void build_rows(int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
+    // Gaussian by Gaussian (depth order is kept within each row), over the rows it reaches:
+    // on row y the quadratic has a root only where dy^2 <= -2 a level / det.
+    per_row.resize(rows);
+    for (auto& list : per_row) list.clear();
+    for (int64_t k = 0; k < count; ++k) {
+      const double qa = a[k], qb = b[k], qc = c[k], level = skip_below[k];
+      const double gx = mx[k], gy = my[k], det = qa * qc - qb * qb;
+      if (!(qa > 0 && det > 0 && std::isfinite(level) && std::isfinite(gx) && std::isfinite(gy))) {
+        for (int64_t r = 0; r < rows; ++r) per_row[r].push_back({static_cast<int32_t>(k), 0, static_cast<int32_t>(cols - 1)});
+        continue;
+      }
+      const double reach2 = -2 * qa * level / det;
+      if (!(reach2 >= 0)) continue;  // its opacity is below the threshold: it reaches no pixel
+      const double reach = std::sqrt(reach2);
+      const int64_t r_lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(std::ceil(gy - reach - 0.5 - y0) - 1, -1.0)));
+      const int64_t r_hi = std::min<int64_t>(rows - 1, static_cast<int64_t>(std::min(std::floor(gy + reach - 0.5 - y0) + 1,
+                                                                                       static_cast<double>(rows))));
+      for (int64_t r = r_lo; r <= r_hi; ++r) {
+        const double dy = gy - (static_cast<double>(y0 + r) + 0.5);
+        const double disc = qb * qb * dy * dy - qa * (qc * dy * dy + 2 * level);
+        if (disc < 0) continue;
+        const double root = std::sqrt(disc);
+        // dx = mx - px in [(-b dy - root) / a, (-b dy + root) / a]; px = x0 + col + 0.5.
+        const double col_lo = std::floor(gx - (-qb * dy + root) / qa - 0.5 - static_cast<double>(x0)) - 1;
+        const double col_hi = std::ceil(gx - (-qb * dy - root) / qa - 0.5 - static_cast<double>(x0)) + 1;
+        if (col_hi < 0 || col_lo > static_cast<double>(cols - 1)) continue;
+        const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(col_lo, -1.0)));
+        const int64_t hi = std::min<int64_t>(cols - 1, static_cast<int64_t>(std::min(col_hi, static_cast<double>(cols))));
+        per_row[r].push_back({static_cast<int32_t>(k), static_cast<int32_t>(lo), static_cast<int32_t>(hi)});
+      }
+    }
+    row_begin.assign(rows + 1, 0);
+    row_k.clear(), row_lo.clear(), row_hi.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+      row_begin[r] = static_cast<int32_t>(row_k.size());
+      for (const auto& entry : per_row[r]) {
+        row_k.push_back(entry[0]), row_lo.push_back(entry[1]), row_hi.push_back(entry[2]);
+      }
+    }
+    row_begin[rows] = static_cast<int32_t>(row_k.size());
+  }
+  std::vector<std::vector<std::array<int32_t, 3>>> per_row;
+
+  // One Gaussian's exponent terms on one row: -sigma = (x_term + y_term) + cross * dy, each
+  // computed as the twin computes it, in the same order (no fused multiply-add: the module is
+  // built for plain x86-64, whose float ops round each step as torch's kernels do).
+  inline scalar_t y_term(int64_t k, scalar_t dy) const { return static_cast<scalar_t>(-0.5) * c[k] * dy * dy; }
+  inline scalar_t neg_sigma(int64_t k, scalar_t dx, scalar_t dy, scalar_t yt) const {
+    return (static_cast<scalar_t>(-0.5) * a[k] * dx * dx + yt) + (-b[k] * dx) * dy;
+  }
+};
+
+// Columns are processed kLanes at a time with GCC/Clang vector extensions (32-byte vectors:
+// one AVX register or two SSE ones), because the compiler does not vectorize a loop with this
+// many selects by itself. Every lane computes exactly what the scalar expression computes.
+template <typename T>
+struct Simd {
+  static constexpr int kLanes = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32)));
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
+  typedef I M __attribute__((vector_size(32)));
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static void store(T* p, V v) { std::memcpy(p, &v, sizeof(v)); }
+  static V splat(T x) { return V{} + x; }
+  static V iota() {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v[i] = static_cast<T>(i);
+    return v;
+  }
+};
+
+// exp for float32 lanes: Cody-Waite reduction to |r| <= ln2 / 2 and a degree-7 Taylor
+// polynomial (truncation 5e-9, under half an ulp), then 2^n from the exponent bits: within
+// 2 ulp of the correctly rounded value, as torch's own vectorized exp is. Double lanes (the
+// tests' float64 runs) use std::exp.
+inline Simd<float>::V vector_exp(Simd<float>::V x) {
+  typedef Simd<float>::V V;
+  typedef Simd<float>::M M;
+  const V low = Simd<float>::splat(-87.0f), high = Simd<float>::splat(88.0f);
+  x = x < low ? low : x;
+  x = x > high ? high : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V t = x * 1.44269504f + shifter;
+  const V n = t - shifter;
+  const V r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  V p = Simd<float>::splat(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  M bits;
+  std::memcpy(&bits, &t, sizeof(bits));  // t's low mantissa bits hold n (two's complement)
+  const M scale_bits = (bits - 0x4B400000 + 127) << 23;
+  V scale;
+  std::memcpy(&scale, &scale_bits, sizeof(scale));
+  return p * scale;
+}
+inline Simd<double>::V vector_exp(Simd<double>::V x) {
+  for (int i = 0; i < Simd<double>::kLanes; ++i) x[i] = std::exp(x[i]);
+  return x;
+}
+
+// One pixel row of a tile, composited Gaussian by Gaussian (front to back), kLanes columns
+// at a time. Per column the arithmetic and its order are exactly a pixel's own front-to-back
+// loop. With `record`, each (row entry, column) alpha and the transmittance before it are
+// kept for the backward pass (alpha 0: the pixel did not use that Gaussian).
+template <typename scalar_t>
+struct Row {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
+  int64_t stride = 0, channels = 0;  // stride: the tile's width rounded up to whole vectors
+  std::vector<scalar_t> transmittance, acc, rgb, weight, done;  // rgb: [channels][stride]
+  std::vector<scalar_t> rec_alpha, rec_before;                  // [entries][stride]
+
+  void resize(int64_t tile_size, int64_t num_channels) {
+    channels = num_channels;
+    stride = (tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
+    for (auto* v : {&transmittance, &acc, &weight, &done}) v->resize(stride);
+    rgb.resize(stride * num_channels);
+  }
+
+  template <bool kRecord>
+  void composite(const TileGaussians<scalar_t>& gs, int32_t begin, int32_t end, int64_t x0, int64_t y,
+                 int64_t cols, const Rules<scalar_t>& rules) {
+    std::fill(transmittance.begin(), transmittance.end(), scalar_t(1));
+    std::fill(acc.begin(), acc.end(), scalar_t(0));
+    std::fill(done.begin(), done.end(), scalar_t(0));
+    std::fill(rgb.begin(), rgb.end(), scalar_t(0));
+    if (kRecord) {
+      rec_alpha.assign(static_cast<size_t>(end - begin) * stride, scalar_t(0));
+      rec_before.resize(static_cast<size_t>(end - begin) * stride);
+    }
+    const scalar_t py = static_cast<scalar_t>(y) + static_cast<scalar_t>(0.5);
+    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
+    const V threshold = S::splat(rules.below_alpha_threshold), max_alpha = S::splat(rules.max_alpha);
+    const V min_transmittance = S::splat(rules.min_transmittance);
+    int64_t live = cols;
+    for (int32_t e = begin; e < end && live > 0; ++e) {
+      const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
+      const scalar_t dy = gs.my[k] - py, yt = gs.y_term(k, dy), mx = gs.mx[k], o = gs.opacity[k];
+      const scalar_t half_a = static_cast<scalar_t>(-0.5) * gs.a[k], minus_b = -gs.b[k];
+      const M positive_definite = M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0);
+      M kept_any = M{};
+      for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+        const V col = iota + static_cast<scalar_t>(c0);
+        const M in_range = (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
+        const V dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
+        const V ns = (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+        const V raw = o * vector_exp(ns);
+        // The twin's alpha: 0 below the threshold (NaN too), or where -sigma > 0 for a conic
+        // that is not positive definite; clamped to MAX_ALPHA.
+        const M on = (raw > threshold) & (positive_definite | ~(ns > zero)) & (S::load(&done[c0]) == zero) & in_range;
+        const V alpha = on ? (raw < max_alpha ? raw : max_alpha) : zero;
+        const V t = S::load(&transmittance[c0]);
+        const V after = t * (one - alpha);
+        const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
+        const M kept = on & ~stop;
+        const V w = kept ? alpha * t : zero;
+        S::store(&weight[c0], w);
+        S::store(&acc[c0], S::load(&acc[c0]) + w);
+        S::store(&transmittance[c0], kept ? after : t);
+        S::store(&done[c0], stop ? one : S::load(&done[c0]));
+        if (kRecord) {
+          S::store(&rec_alpha[static_cast<size_t>(e - begin) * stride + c0], kept ? alpha : zero);
+          S::store(&rec_before[static_cast<size_t>(e - begin) * stride + c0], t);
+        }
+        kept_any |= kept;
+      }
+      bool any = false;
+      for (int i = 0; i < S::kLanes; ++i) any |= kept_any[i] != 0;
+      if (!any) continue;
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        const scalar_t color = gs.colors[k * channels + ch];
+        scalar_t* out = &rgb[ch * stride];
+        for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+          S::store(&out[c0], S::load(&out[c0]) + S::load(&weight[c0]) * color);
+        }
+      }
+      if ((e & 15) == 15) {
+        live = 0;
+        for (int64_t c = 0; c < cols; ++c) live += done[c] == 0;
+      }
+    }
+  }
+};
+
+struct Grid {
+  int64_t width, height, tile_size, tile_width, num_pairs;
+};
+
+// [start, end) of tile `t`'s run in flatten_ids.
+inline void tile_range(const int32_t* offsets, int64_t t, int64_t num_tiles, int64_t num_pairs, int64_t& start,
+                       int64_t& end) {
+  start = offsets[t];
+  end = t + 1 < num_tiles ? offsets[t + 1] : num_pairs;
+  end = std::max(start, std::min<int64_t>(end, num_pairs));
+}
+
+// The inputs both passes read, as raw pointers.
+template <typename scalar_t>
+struct Inputs {
+  const scalar_t *means2d, *conics, *colors, *opacities, *background;
+  const int64_t* tiles;
+  const int32_t *offsets, *ids;
+  int64_t channels, num_tiles, num_listed;
+
+  Inputs(const at::Tensor& m, const at::Tensor& q, const at::Tensor& c, const at::Tensor& o, const at::Tensor& bg,
+         const at::Tensor& tile_list, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids)
+      : means2d(m.data_ptr<scalar_t>()), conics(q.data_ptr<scalar_t>()), colors(c.data_ptr<scalar_t>()),
+        opacities(o.data_ptr<scalar_t>()), background(bg.numel() ? bg.data_ptr<scalar_t>() : nullptr),
+        tiles(tile_list.data_ptr<int64_t>()), offsets(isect_offsets.data_ptr<int32_t>()),
+        ids(flatten_ids.data_ptr<int32_t>()), channels(c.size(1)), num_tiles(isect_offsets.numel()),
+        num_listed(tile_list.numel()) {}
+};
+
+// Loads listed tile i into `gs` and its row lists; returns its pixel origin and size.
+template <typename scalar_t>
+void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaussians<scalar_t>& gs, int64_t& start,
+               int64_t& x0, int64_t& y0, int64_t& rows, int64_t& cols) {
+  const int64_t t = in.tiles[i];
+  int64_t stop;
+  tile_range(in.offsets, t, in.num_tiles, grid.num_pairs, start, stop);
+  gs.load(start, stop, in.ids, in.means2d, in.conics, in.opacities, in.colors, in.channels);
+  x0 = (t % grid.tile_width) * grid.tile_size;
+  y0 = (t / grid.tile_width) * grid.tile_size;
+  rows = std::min(grid.tile_size, grid.height - y0);
+  cols = std::min(grid.tile_size, grid.width - x0);
+  gs.build_rows(x0, y0, rows, cols);
+}
+
+template <typename scalar_t>
+void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, scalar_t* out_alpha) {
+  const Rules<scalar_t> rules;
+  const int64_t channels = in.channels;
+  at::parallel_for(0, in.num_listed, 1, [&](int64_t begin, int64_t end) {
+    TileGaussians<scalar_t> gs;
+    Row<scalar_t> row;
+    row.resize(grid.tile_size, channels);
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t start, x0, y0, rows, cols;
+      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        row.template composite<false>(gs, gs.row_begin[r], gs.row_begin[r + 1], x0, y0 + r, cols, rules);
+        for (int64_t col = 0; col < cols; ++col) {
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
+          const scalar_t t_final = 1 - row.acc[col];
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            const scalar_t rgb = row.rgb[ch * row.stride + col];
+            out[pixel * channels + ch] = in.background ? rgb + t_final * in.background[ch] : rgb;
+          }
+          out_alpha[pixel] = row.acc[col];
+        }
+      }
+    }
+  });
+}
+
+// Per-column scratch of the backward pass of one row.
+template <typename scalar_t>
+struct RowGrads {
+  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, v, w;  // g_rgb: [channels][cols]
+  std::vector<scalar_t> tile_sums;  // [Gaussians of the tile][6 + channels][stride]
+
+  void resize(int64_t tile_size, int64_t channels) {
+    g_rgb.resize(tile_size * channels);
+    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &v, &w}) x->resize(tile_size);
+  }
+};
+
+template <typename scalar_t>
+void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* g_img, const scalar_t* g_alpha,
+                   scalar_t* pairs, scalar_t* tile_bg) {
+  const Rules<scalar_t> rules;
+  const int64_t channels = in.channels, row_size = kParams + channels;
+  at::parallel_for(0, in.num_listed, 1, [&](int64_t begin, int64_t end) {
+    TileGaussians<scalar_t> gs;
+    Row<scalar_t> row;
+    RowGrads<scalar_t> rg;
+    row.resize(grid.tile_size, channels);
+    rg.resize(grid.tile_size, channels);
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t start, x0, y0, rows, cols;
+      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      // Per (Gaussian of the tile, parameter, column) sums over the tile's rows, summed over the
+      // columns once at the end of the tile, in column order (no reassociation anywhere: the
+      // same bits always), into this tile's intersections' rows (its own).
+      const int64_t stride = row.stride;
+      rg.tile_sums.assign(static_cast<size_t>(gs.count) * row_size * stride, scalar_t(0));
+      scalar_t* bg_sum = tile_bg + i * channels;
+      std::fill(bg_sum, bg_sum + channels, scalar_t(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t list_begin = gs.row_begin[r], list_end = gs.row_begin[r + 1];
+        row.template composite<true>(gs, list_begin, list_end, x0, y0 + r, cols, rules);
+        for (int64_t col = 0; col < cols; ++col) {
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
+          rg.g_acc[col] = g_alpha[pixel];
+          rg.t_final[col] = 1 - row.acc[col];
+          rg.behind[col] = 0;  // sum over the later Gaussians j of w_j v_j
+          scalar_t dot = 0;
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            const scalar_t g = g_img[pixel * channels + ch];
+            rg.g_rgb[ch * cols + col] = g;
+            if (in.background) {
+              dot += g * in.background[ch];
+              bg_sum[ch] += rg.t_final[col] * g;
+            }
+          }
+          rg.bg_dot[col] = dot;
+        }
+        const scalar_t py = static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5);
+        for (int32_t e = list_end - 1; e >= list_begin; --e) {
+          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
+          const scalar_t* rec_a = &row.rec_alpha[static_cast<size_t>(e - list_begin) * row.stride];
+          const scalar_t* rec_t = &row.rec_before[static_cast<size_t>(e - list_begin) * row.stride];
+          bool used = false;
+          for (int64_t col = lo; col <= hi; ++col) used |= rec_a[col] != 0;
+          if (!used) continue;  // no pixel of the row composited it: every term is 0
+          const scalar_t* ck = &gs.colors[k * channels];
+          for (int64_t col = lo; col <= hi; ++col) rg.v[col] = rg.g_acc[col];
+          for (int64_t ch = 0; ch < channels; ++ch) {  // v: the output gradient seen through its color
+            const scalar_t* g = &rg.g_rgb[ch * cols];
+            for (int64_t col = lo; col <= hi; ++col) rg.v[col] += g[col] * ck[ch];
+          }
+          const scalar_t mx = gs.mx[k], dy = gs.my[k] - py, qa = gs.a[k], qb = gs.b[k], qc = gs.c[k];
+          scalar_t* sums = &rg.tile_sums[static_cast<size_t>(k) * row_size * stride];
+          for (int64_t col = lo; col <= hi; ++col) {
+            const scalar_t alpha = rec_a[col], before = rec_t[col];
+            const scalar_t w = alpha * before, t_after = before * (1 - alpha), v = rg.v[col];
+            const scalar_t grad_alpha =
+                (t_after * v - rg.behind[col] - std::min(t_after, rg.t_final[col]) * rg.bg_dot[col]) / (1 - alpha);
+            // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
+            const scalar_t g = ((alpha != 0) & (alpha < rules.max_alpha)) ? grad_alpha * alpha : scalar_t(0);
+            const scalar_t dx = mx - (static_cast<scalar_t>(x0 + col) + static_cast<scalar_t>(0.5));
+            sums[0 * stride + col] += g * (-qa * dx - qb * dy);
+            sums[1 * stride + col] += g * (-qc * dy - qb * dx);
+            sums[2 * stride + col] += g * (static_cast<scalar_t>(-0.5) * dx * dx);
+            sums[3 * stride + col] += g * (-dx * dy);
+            sums[4 * stride + col] += g * (static_cast<scalar_t>(-0.5) * dy * dy);
+            sums[5 * stride + col] += g;
+            rg.w[col] = w;
+            rg.behind[col] += w * v;
+          }
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            const scalar_t* g = &rg.g_rgb[ch * cols];
+            scalar_t* out = &sums[(kParams + ch) * stride];
+            for (int64_t col = lo; col <= hi; ++col) out[col] += rg.w[col] * g[col];
+          }
+        }
+      }
+      scalar_t* tile_rows = pairs + start * row_size;
+      for (int64_t k = 0; k < gs.count * row_size; ++k) {
+        const scalar_t* by_column = &rg.tile_sums[static_cast<size_t>(k) * stride];
+        scalar_t sum = 0;
+        for (int64_t col = 0; col < stride; ++col) sum += by_column[col];
+        tile_rows[k] = sum;
+      }
+    }
+  });
+}
+
