@@ -318,21 +318,25 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
   });
 }
 
-// Per-column scratch of the backward pass of one row.
+// Per-column scratch of the backward pass of one row ([stride] each, g_rgb [channels][stride];
+// columns past the tile's last one hold zeros).
 template <typename scalar_t>
 struct RowGrads {
-  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, v, w;  // g_rgb: [channels][cols]
+  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind;
   std::vector<scalar_t> tile_sums;  // [Gaussians of the tile][6 + channels][stride]
 
-  void resize(int64_t tile_size, int64_t channels) {
-    g_rgb.resize(tile_size * channels);
-    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &v, &w}) x->resize(tile_size);
+  void resize(int64_t stride, int64_t channels) {
+    g_rgb.resize(stride * channels);
+    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind}) x->resize(stride);
   }
 };
 
 template <typename scalar_t>
 void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* g_img, const scalar_t* g_alpha,
                    scalar_t* pairs, scalar_t* tile_bg) {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels, row_size = kParams + channels;
   at::parallel_for(0, in.num_listed, 1, [&](int64_t begin, int64_t end) {
@@ -340,29 +344,32 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
     Row<scalar_t> row;
     RowGrads<scalar_t> rg;
     row.resize(grid.tile_size, channels);
-    rg.resize(grid.tile_size, channels);
+    const int64_t stride = row.stride;
+    rg.resize(stride, channels);
+    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
+    const V half = S::splat(static_cast<scalar_t>(0.5)), minus_half = S::splat(static_cast<scalar_t>(-0.5));
     for (int64_t i = begin; i < end; ++i) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
       // Per (Gaussian of the tile, parameter, column) sums over the tile's rows, summed over the
       // columns once at the end of the tile, in column order (no reassociation anywhere: the
       // same bits always), into this tile's intersections' rows (its own).
-      const int64_t stride = row.stride;
       rg.tile_sums.assign(static_cast<size_t>(gs.count) * row_size * stride, scalar_t(0));
       scalar_t* bg_sum = tile_bg + i * channels;
       std::fill(bg_sum, bg_sum + channels, scalar_t(0));
       for (int64_t r = 0; r < rows; ++r) {
         const int32_t list_begin = gs.row_begin[r], list_end = gs.row_begin[r + 1];
         row.template composite<true>(gs, list_begin, list_end, x0, y0 + r, cols, rules);
+        std::fill(rg.g_rgb.begin(), rg.g_rgb.end(), scalar_t(0));
+        for (auto* x : {&rg.g_acc, &rg.t_final, &rg.bg_dot, &rg.behind}) std::fill(x->begin(), x->end(), scalar_t(0));
         for (int64_t col = 0; col < cols; ++col) {
           const int64_t pixel = (y0 + r) * grid.width + x0 + col;
           rg.g_acc[col] = g_alpha[pixel];
           rg.t_final[col] = 1 - row.acc[col];
-          rg.behind[col] = 0;  // sum over the later Gaussians j of w_j v_j
           scalar_t dot = 0;
           for (int64_t ch = 0; ch < channels; ++ch) {
             const scalar_t g = g_img[pixel * channels + ch];
-            rg.g_rgb[ch * cols + col] = g;
+            rg.g_rgb[ch * stride + col] = g;
             if (in.background) {
               dot += g * in.background[ch];
               bg_sum[ch] += rg.t_final[col] * g;
@@ -371,42 +378,44 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
           rg.bg_dot[col] = dot;
         }
         const scalar_t py = static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5);
+        // Back to front; behind[col] is the sum over the later Gaussians j of w_j v_j.
         for (int32_t e = list_end - 1; e >= list_begin; --e) {
-          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
-          const scalar_t* rec_a = &row.rec_alpha[static_cast<size_t>(e - list_begin) * row.stride];
-          const scalar_t* rec_t = &row.rec_before[static_cast<size_t>(e - list_begin) * row.stride];
-          bool used = false;
-          for (int64_t col = lo; col <= hi; ++col) used |= rec_a[col] != 0;
-          if (!used) continue;  // no pixel of the row composited it: every term is 0
+          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e], first = lo - lo % S::kLanes;
+          const scalar_t* rec_a = &row.rec_alpha[static_cast<size_t>(e - list_begin) * stride];
+          const scalar_t* rec_t = &row.rec_before[static_cast<size_t>(e - list_begin) * stride];
+          M used = M{};
+          for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) used |= S::load(rec_a + c0) != zero;
+          bool any = false;
+          for (int l = 0; l < S::kLanes; ++l) any |= used[l] != 0;
+          if (!any) continue;  // no pixel of the row composited it: every term is 0
+          // Columns outside [lo, hi] of a vector have alpha 0 (never composited): they add 0.
           const scalar_t* ck = &gs.colors[k * channels];
-          for (int64_t col = lo; col <= hi; ++col) rg.v[col] = rg.g_acc[col];
-          for (int64_t ch = 0; ch < channels; ++ch) {  // v: the output gradient seen through its color
-            const scalar_t* g = &rg.g_rgb[ch * cols];
-            for (int64_t col = lo; col <= hi; ++col) rg.v[col] += g[col] * ck[ch];
-          }
-          const scalar_t mx = gs.mx[k], dy = gs.my[k] - py, qa = gs.a[k], qb = gs.b[k], qc = gs.c[k];
+          const scalar_t mx = gs.mx[k], dy = gs.my[k] - py, minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
           scalar_t* sums = &rg.tile_sums[static_cast<size_t>(k) * row_size * stride];
-          for (int64_t col = lo; col <= hi; ++col) {
-            const scalar_t alpha = rec_a[col], before = rec_t[col];
-            const scalar_t w = alpha * before, t_after = before * (1 - alpha), v = rg.v[col];
-            const scalar_t grad_alpha =
-                (t_after * v - rg.behind[col] - std::min(t_after, rg.t_final[col]) * rg.bg_dot[col]) / (1 - alpha);
+          for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) {
+            const V alpha = S::load(rec_a + c0), before = S::load(rec_t + c0);
+            V v = S::load(&rg.g_acc[c0]);  // the output gradient seen through its color (alpha: 1)
+            for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&rg.g_rgb[ch * stride + c0]) * ck[ch];
+            const V w = alpha * before, t_after = before * (one - alpha);
+            const V t_final = S::load(&rg.t_final[c0]);
+            const V smaller = t_final < t_after ? t_final : t_after;
+            const V behind = S::load(&rg.behind[c0]);
+            const V grad_alpha = (t_after * v - behind - smaller * S::load(&rg.bg_dot[c0])) / (one - alpha);
             // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
-            const scalar_t g = ((alpha != 0) & (alpha < rules.max_alpha)) ? grad_alpha * alpha : scalar_t(0);
-            const scalar_t dx = mx - (static_cast<scalar_t>(x0 + col) + static_cast<scalar_t>(0.5));
-            sums[0 * stride + col] += g * (-qa * dx - qb * dy);
-            sums[1 * stride + col] += g * (-qc * dy - qb * dx);
-            sums[2 * stride + col] += g * (static_cast<scalar_t>(-0.5) * dx * dx);
-            sums[3 * stride + col] += g * (-dx * dy);
-            sums[4 * stride + col] += g * (static_cast<scalar_t>(-0.5) * dy * dy);
-            sums[5 * stride + col] += g;
-            rg.w[col] = w;
-            rg.behind[col] += w * v;
-          }
-          for (int64_t ch = 0; ch < channels; ++ch) {
-            const scalar_t* g = &rg.g_rgb[ch * cols];
-            scalar_t* out = &sums[(kParams + ch) * stride];
-            for (int64_t col = lo; col <= hi; ++col) out[col] += rg.w[col] * g[col];
+            const M passes = (alpha != zero) & (alpha < max_alpha);
+            const V g = passes ? grad_alpha * alpha : zero;
+            const V dx = mx - ((iota + static_cast<scalar_t>(c0 + x0)) + half);
+            S::store(&sums[0 * stride + c0], S::load(&sums[0 * stride + c0]) + g * (minus_a * dx - qb * dy));
+            S::store(&sums[1 * stride + c0], S::load(&sums[1 * stride + c0]) + g * (minus_c * dy - qb * dx));
+            S::store(&sums[2 * stride + c0], S::load(&sums[2 * stride + c0]) + g * (minus_half * dx * dx));
+            S::store(&sums[3 * stride + c0], S::load(&sums[3 * stride + c0]) + g * ((zero - dx) * dy));
+            S::store(&sums[4 * stride + c0], S::load(&sums[4 * stride + c0]) + g * (minus_half * dy * dy));
+            S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
+            for (int64_t ch = 0; ch < channels; ++ch) {
+              scalar_t* out = &sums[(kParams + ch) * stride + c0];
+              S::store(out, S::load(out) + w * S::load(&rg.g_rgb[ch * stride + c0]));
+            }
+            S::store(&rg.behind[c0], behind + w * v);
           }
         }
       }
@@ -420,4 +429,3 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
     }
   });
 }
-
