@@ -222,3 +222,22 @@ def test_without_the_kernels_the_twins_run_and_one_line_says_so(monkeypatch):
     finally:
         raster_cpu.forget()
         raster_cpu.load(log=lambda message: None)
+
+
+def test_threads_default_to_every_core_and_ranks_share_them(monkeypatch):
+    from turbogs import device
+
+    monkeypatch.setattr(device, "available_cores", lambda: 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert device.cpu_threads() == 8 and device.cpu_threads(3) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # --nproc 3 / torchrun on this machine
+    assert device.cpu_threads() == 2 and device.cpu_threads(4) == 1 and device.cpu_threads(2) == 1
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        device.pick_device("cpu")
+        assert torch.get_num_threads() == 4
+        device.pick_device("cpu", 2)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

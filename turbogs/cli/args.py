@@ -62,8 +62,9 @@ def add_torch_twins(p: argparse.ArgumentParser) -> None:
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to compute: cuda uses gsplat's kernels, cpu our C++ kernels and the torch twins (default: auto)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for torch (default: every core; the ranks of --nproc share them, each "
+                        "taking its part). The CPU kernels' results do not depend on it")
 
 
 def add_server(p: argparse.ArgumentParser) -> None:
