@@ -229,11 +229,15 @@ def test_threads_default_to_every_core_and_ranks_share_them(monkeypatch):
 
     monkeypatch.setattr(device, "available_cores", lambda: 8)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert device.cpu_threads() == 8 and device.cpu_threads(3) == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # --nproc 3 / torchrun on this machine
     assert device.cpu_threads() == 2 and device.cpu_threads(4) == 1 and device.cpu_threads(2) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a process's own count, as OpenMP reads it
+    assert device.cpu_threads() == 3 and device.cpu_threads(6) == 2
     before = torch.get_num_threads()
     try:
+        monkeypatch.delenv("OMP_NUM_THREADS")
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         device.pick_device("cpu")
         assert torch.get_num_threads() == 4

@@ -55,19 +55,28 @@ def keep_freed_memory() -> bool:
 
 
 def cpu_threads(requested: Optional[int] = None) -> int:
-    """The torch threads of this process: `--threads N` (the whole run's), else every core
-    this process may run on; ranks of a multi-rank run on one machine (LOCAL_WORLD_SIZE, set
-    by torchrun and by --nproc) share them, each taking its part, at least one.
+    """The torch threads of this process: `--threads N` (the whole run's: the ranks of a
+    multi-rank run on one machine, LOCAL_WORLD_SIZE, each take their part, at least one), else
+    $OMP_NUM_THREADS when set (this process's own, as OpenMP reads it; `--nproc` sets it to each
+    rank's share of the cores, torchrun to 1), else every core this process may run on.
 
     Why all cores: the native CPU kernels run the tiles in parallel, with results that do not
     depend on the thread count (benchmarks/results/2026-12-05_cpu_native_step.md). Only the
-    torch twins' many small ops ran fastest on one thread, the old default."""
-    total = requested if requested is not None else available_cores()
+    torch twins' many small ops ran fastest on one thread, the old default. On a machine whose
+    cores other processes keep busy, more threads than free cores wait on each other at every
+    parallel op: there, ask for fewer (OMP_NUM_THREADS=1 or --threads 1)."""
+    ranks = _int_env("LOCAL_WORLD_SIZE") or 1
+    if requested is not None:
+        return max(1, requested // ranks)
+    return _int_env("OMP_NUM_THREADS") or max(1, available_cores() // ranks)
+
+
+def _int_env(name: str) -> int:
+    """A positive integer from the environment, else 0."""
     try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return max(0, int(os.environ.get(name, "")))
     except ValueError:
-        ranks = 1
-    return max(1, total // ranks)
+        return 0
 
 
 def available_cores() -> int:
