@@ -13,8 +13,8 @@
 //   gradient; clamped alphas pass no gradient.
 //
 // Why it is shaped this way:
-// - One task per tile (at::parallel_for over the listed tiles): a pixel is computed by one
-//   thread whatever the thread count, so the images do not depend on it.
+// - Each tile is computed whole by one thread (torch's threads take the next tile until none
+//   is left), whatever the thread count, so the images do not depend on it.
 // - Per-Gaussian gradients are not summed across tiles by atomics or per-thread buffers (both
 //   make the rounding depend on the schedule). Each tile writes its Gaussians' sums into the
 //   rows of their intersections ([M, 6 + C], row = position in flatten_ids; every
@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>

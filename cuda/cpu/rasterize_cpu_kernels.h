@@ -276,6 +276,16 @@ struct Inputs {
         num_listed(tile_list.numel()) {}
 };
 
+// Runs `body` on torch's threads, each of which takes the next tile from `next_tile` until
+// none is left: tiles cost very different amounts (a tile of the sky, one of a dense object),
+// so a static split of the list would leave threads idle. Which thread renders a tile changes
+// nothing in its result: every tile is computed whole by one thread, into its own outputs.
+template <typename Body>
+void for_each_tile(int64_t num_tiles, std::atomic<int64_t>& next_tile, const Body& body) {
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tiles));
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
+}
+
 // Loads listed tile i into `gs` and its row lists; returns its pixel origin and size.
 template <typename scalar_t>
 void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaussians<scalar_t>& gs, int64_t& start,
@@ -295,11 +305,12 @@ template <typename scalar_t>
 void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, scalar_t* out_alpha) {
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels;
-  at::parallel_for(0, in.num_listed, 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next_tile(0);
+  for_each_tile(in.num_listed, next_tile, [&](int64_t begin, int64_t end) {
     TileGaussians<scalar_t> gs;
     Row<scalar_t> row;
     row.resize(grid.tile_size, channels);
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
       for (int64_t r = 0; r < rows; ++r) {
@@ -339,7 +350,8 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
   typedef typename S::M M;
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels, row_size = kParams + channels;
-  at::parallel_for(0, in.num_listed, 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next_tile(0);
+  for_each_tile(in.num_listed, next_tile, [&](int64_t begin, int64_t end) {
     TileGaussians<scalar_t> gs;
     Row<scalar_t> row;
     RowGrads<scalar_t> rg;
@@ -348,7 +360,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
     rg.resize(stride, channels);
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
     const V half = S::splat(static_cast<scalar_t>(0.5)), minus_half = S::splat(static_cast<scalar_t>(-0.5));
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
       // Per (Gaussian of the tile, parameter, column) sums over the tile's rows, summed over the
