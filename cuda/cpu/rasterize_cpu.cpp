@@ -20,15 +20,18 @@
 //   rows of their intersections ([M, 6 + C], row = position in flatten_ids; every
 //   intersection belongs to one tile), and one serial pass adds the rows per Gaussian in
 //   intersection order. 1 and 2 threads give the same bits.
-// - Each tile first copies its Gaussians into contiguous arrays (the pixel loop reads them
-//   256 times) and lists, per pixel row, those that can reach the row and between which
-//   columns (`build_rows`): a Gaussian reaches a pixel only where opacity * exp(-sigma) >=
-//   ALPHA_THRESHOLD, an ellipse, and a tile's list holds every Gaussian whose 3-sigma box
-//   touches the tile. The exp is also skipped where -sigma is clearly below that level. Both
-//   are conservative: the twin's own comparison decides every case that is close.
-// - The backward recomputes each pixel's forward pass (nothing per pixel is stored but the
-//   image), keeps the alphas and transmittances of the Gaussians the pixel used, and walks
-//   them back to front with the sum of what lies behind, as the twin's formula has it.
+// - Each tile first copies its Gaussians into contiguous arrays and lists, per pixel row,
+//   those that can reach the row and between which columns (`build_rows`): a Gaussian reaches
+//   a pixel only where opacity * exp(-sigma) >= ALPHA_THRESHOLD, an ellipse, while a tile's
+//   list holds every Gaussian whose 3-sigma box touches the tile. The ranges are widened by a
+//   margin: the twin's own comparison decides every case that is close.
+// - A row is composited Gaussian by Gaussian over 8 (float) columns at a time, with vector
+//   extensions and our own vector exp (rasterize_cpu_kernels.h), compiled twice: for the
+//   baseline instruction set and for AVX2, chosen at run time.
+// - The forward leaves per pixel its final transmittance and the row entry of the last
+//   Gaussian it used; the backward walks each row back to front from there, recovering each
+//   transmittance from the next one (T_i = T_{i+1} / (1 - alpha_i), as gsplat does) with the
+//   sum of what lies behind, as the twin's formula has it.
 //
 // ATen only: this file is compiled by torch.utils.cpp_extension with a C++ compiler alone
 // (no CUDA headers), with OpenMP so that at::parallel_for runs on torch's thread pool.
@@ -105,8 +108,9 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
 
 }  // namespace
 
-// Returns (image [H, W, C], alpha [H, W, 1]); `background` empty for none; `tiles` the
-// row-major ids of the tiles to composite, ascending.
+// Returns (image [H, W, C], alpha [H, W, 1], and for the backward pass the final
+// transmittance [H, W] and each pixel's last used row entry [H, W], -1 for none);
+// `background` empty for none; `tiles` the row-major ids of the tiles to composite.
 std::vector<at::Tensor> rasterize_forward(const at::Tensor& means2d, const at::Tensor& conics,
                                           const at::Tensor& colors, const at::Tensor& opacities,
                                           const at::Tensor& background, const at::Tensor& tiles,
@@ -115,34 +119,41 @@ std::vector<at::Tensor> rasterize_forward(const at::Tensor& means2d, const at::T
   check_inputs(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
   auto image = at::zeros({height, width, colors.size(1)}, colors.options());
   auto alpha = at::zeros({height, width, 1}, colors.options());
+  auto transmittance = at::ones({height, width}, colors.options());
+  auto last = at::full({height, width}, -1, colors.options());
   AT_DISPATCH_FLOATING_TYPES(colors.scalar_type(), "rasterize_forward", [&] {
+    scalar_t *out = image.data_ptr<scalar_t>(), *out_alpha = alpha.data_ptr<scalar_t>();
+    scalar_t *out_t = transmittance.data_ptr<scalar_t>(), *out_last = last.data_ptr<scalar_t>();
 #ifdef TURBOGS_AVX2
     if (use_avx2()) {
       const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
       avx2::forward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                   image.data_ptr<scalar_t>(), alpha.data_ptr<scalar_t>());
+                                   out, out_alpha, out_t, out_last);
       return;
     }
 #endif
     const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
     base::forward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                 image.data_ptr<scalar_t>(), alpha.data_ptr<scalar_t>());
+                                 out, out_alpha, out_t, out_last);
   });
-  return {image, alpha};
+  return {image, alpha, transmittance, last};
 }
 
 // Returns the gradients (means2d [N, 2], conics [N, 3], colors [N, C], opacities [N],
-// background [C], empty when there is none).
+// background [C], empty when there is none). `alpha`, `transmittance`, `last`: the forward's.
 std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::Tensor& conics,
                                            const at::Tensor& colors, const at::Tensor& opacities,
                                            const at::Tensor& background, const at::Tensor& tiles,
                                            const at::Tensor& isect_offsets, const at::Tensor& flatten_ids,
                                            int64_t width, int64_t height, int64_t tile_size,
-                                           const at::Tensor& grad_image, const at::Tensor& grad_alpha) {
+                                           const at::Tensor& alpha, const at::Tensor& transmittance,
+                                           const at::Tensor& last, const at::Tensor& grad_image,
+                                           const at::Tensor& grad_alpha) {
   check_inputs(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-  TORCH_CHECK(grad_image.is_contiguous() && grad_alpha.is_contiguous() &&
-                  grad_image.scalar_type() == colors.scalar_type() && grad_alpha.scalar_type() == colors.scalar_type(),
-              "rasterize_cpu: output gradients must be contiguous, of the colors' dtype");
+  for (const auto* t : {&alpha, &transmittance, &last, &grad_image, &grad_alpha}) {
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == colors.scalar_type() && t->numel() >= height * width,
+                "rasterize_cpu: the forward's outputs and their gradients must be contiguous, of the colors' dtype");
+  }
   const int64_t n = means2d.size(0), channels = colors.size(1), row = kParams + channels;
   // Rows of intersections of tiles not listed are never written nor read: no need to zero them.
   auto pair_grads = at::empty({flatten_ids.numel(), row}, colors.options());
@@ -153,19 +164,21 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   auto grad_opacities = at::zeros({n}, colors.options());
   auto grad_background = at::zeros({background.numel() ? channels : 0}, colors.options());
   AT_DISPATCH_FLOATING_TYPES(colors.scalar_type(), "rasterize_backward", [&] {
-    const base::Grid grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()};
+    const scalar_t *a = alpha.data_ptr<scalar_t>(), *t = transmittance.data_ptr<scalar_t>();
+    const scalar_t *l = last.data_ptr<scalar_t>(), *gi = grad_image.data_ptr<scalar_t>();
+    const scalar_t* ga = grad_alpha.data_ptr<scalar_t>();
+    scalar_t *pairs_out = pair_grads.data_ptr<scalar_t>(), *bg_out = tile_grad_background.data_ptr<scalar_t>();
 #ifdef TURBOGS_AVX2
     if (use_avx2()) {
       const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
       avx2::backward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                    grad_image.data_ptr<scalar_t>(), grad_alpha.data_ptr<scalar_t>(),
-                                    pair_grads.data_ptr<scalar_t>(), tile_grad_background.data_ptr<scalar_t>());
+                                    a, t, l, gi, ga, pairs_out, bg_out);
     } else
 #endif
     {
       const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-      base::backward_impl<scalar_t>(in, grid, grad_image.data_ptr<scalar_t>(), grad_alpha.data_ptr<scalar_t>(),
-                                    pair_grads.data_ptr<scalar_t>(), tile_grad_background.data_ptr<scalar_t>());
+      base::backward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
+                                    a, t, l, gi, ga, pairs_out, bg_out);
     }
     // The fixed-order reduction: listed tiles in order, each tile's intersections in order.
     const scalar_t* pairs = pair_grads.data_ptr<scalar_t>();

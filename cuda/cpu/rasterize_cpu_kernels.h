@@ -162,58 +162,77 @@ inline Simd<double>::V vector_exp(Simd<double>::V x) {
   return x;
 }
 
+// One Gaussian on one pixel row, kLanes columns at a time: its alpha exactly as the twin
+// computes it (the same expression and order in the forward and the backward pass, so both
+// see the same bits).
+template <typename scalar_t>
+struct GaussianOnRow {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
+  scalar_t dy, yt, mx, o, half_a, minus_b;
+  M positive_definite;
+
+  GaussianOnRow(const TileGaussians<scalar_t>& gs, int64_t k, scalar_t py)
+      : dy(gs.my[k] - py), yt(gs.y_term(k, dy)), mx(gs.mx[k]), o(gs.opacity[k]),
+        half_a(static_cast<scalar_t>(-0.5) * gs.a[k]), minus_b(-gs.b[k]),
+        positive_definite(M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0)) {}
+
+  // Alpha at the pixel centers of columns `col` (tile-relative); `on`: where the twin keeps it
+  // (not below the threshold, NaN included, and -sigma <= 0 unless the conic is positive
+  // definite), before the pixel's own state is applied; `dx` for the gradients.
+  inline V alpha(const V& col, int64_t x0, const Rules<scalar_t>& rules, M& on, V& dx) const {
+    dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
+    const V ns = (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+    const V raw = o * vector_exp(ns);
+    on = (raw > rules.below_alpha_threshold) & (positive_definite | ~(ns > S::splat(0)));
+    return raw < rules.max_alpha ? raw : S::splat(rules.max_alpha);
+  }
+};
+
 // One pixel row of a tile, composited Gaussian by Gaussian (front to back), kLanes columns
 // at a time. Per column the arithmetic and its order are exactly a pixel's own front-to-back
-// loop. With `record`, each (row entry, column) alpha and the transmittance before it are
-// kept for the backward pass (alpha 0: the pixel did not use that Gaussian).
+// loop. Besides color and alpha it leaves, per column, the final transmittance and the row
+// entry of the last Gaussian the pixel used (-1: none), from which the backward pass walks
+// back to front without compositing again.
 template <typename scalar_t>
 struct Row {
   typedef Simd<scalar_t> S;
   typedef typename S::V V;
   typedef typename S::M M;
   int64_t stride = 0, channels = 0;  // stride: the tile's width rounded up to whole vectors
-  std::vector<scalar_t> transmittance, acc, rgb, weight, done;  // rgb: [channels][stride]
-  std::vector<scalar_t> rec_alpha, rec_before;                  // [entries][stride]
+  std::vector<scalar_t> transmittance, acc, rgb, weight, done, last;  // rgb: [channels][stride]
 
   void resize(int64_t tile_size, int64_t num_channels) {
     channels = num_channels;
     stride = (tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
-    for (auto* v : {&transmittance, &acc, &weight, &done}) v->resize(stride);
+    for (auto* v : {&transmittance, &acc, &weight, &done, &last}) v->resize(stride);
     rgb.resize(stride * num_channels);
   }
 
-  template <bool kRecord>
   void composite(const TileGaussians<scalar_t>& gs, int32_t begin, int32_t end, int64_t x0, int64_t y,
                  int64_t cols, const Rules<scalar_t>& rules) {
     std::fill(transmittance.begin(), transmittance.end(), scalar_t(1));
     std::fill(acc.begin(), acc.end(), scalar_t(0));
     std::fill(done.begin(), done.end(), scalar_t(0));
+    std::fill(last.begin(), last.end(), scalar_t(-1));
     std::fill(rgb.begin(), rgb.end(), scalar_t(0));
-    if (kRecord) {
-      rec_alpha.assign(static_cast<size_t>(end - begin) * stride, scalar_t(0));
-      rec_before.resize(static_cast<size_t>(end - begin) * stride);
-    }
     const scalar_t py = static_cast<scalar_t>(y) + static_cast<scalar_t>(0.5);
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
-    const V threshold = S::splat(rules.below_alpha_threshold), max_alpha = S::splat(rules.max_alpha);
     const V min_transmittance = S::splat(rules.min_transmittance);
     int64_t live = cols;
     for (int32_t e = begin; e < end && live > 0; ++e) {
       const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
-      const scalar_t dy = gs.my[k] - py, yt = gs.y_term(k, dy), mx = gs.mx[k], o = gs.opacity[k];
-      const scalar_t half_a = static_cast<scalar_t>(-0.5) * gs.a[k], minus_b = -gs.b[k];
-      const M positive_definite = M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0);
+      const GaussianOnRow<scalar_t> gauss(gs, k, py);
+      const V entry = S::splat(static_cast<scalar_t>(e - begin));
       M kept_any = M{};
       for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
         const V col = iota + static_cast<scalar_t>(c0);
-        const M in_range = (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
-        const V dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
-        const V ns = (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
-        const V raw = o * vector_exp(ns);
-        // The twin's alpha: 0 below the threshold (NaN too), or where -sigma > 0 for a conic
-        // that is not positive definite; clamped to MAX_ALPHA.
-        const M on = (raw > threshold) & (positive_definite | ~(ns > zero)) & (S::load(&done[c0]) == zero) & in_range;
-        const V alpha = on ? (raw < max_alpha ? raw : max_alpha) : zero;
+        M on;
+        V dx;
+        const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
+        on &= (S::load(&done[c0]) == zero) & (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
+        const V alpha = on ? raw_alpha : zero;
         const V t = S::load(&transmittance[c0]);
         const V after = t * (one - alpha);
         const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
@@ -223,10 +242,7 @@ struct Row {
         S::store(&acc[c0], S::load(&acc[c0]) + w);
         S::store(&transmittance[c0], kept ? after : t);
         S::store(&done[c0], stop ? one : S::load(&done[c0]));
-        if (kRecord) {
-          S::store(&rec_alpha[static_cast<size_t>(e - begin) * stride + c0], kept ? alpha : zero);
-          S::store(&rec_before[static_cast<size_t>(e - begin) * stride + c0], t);
-        }
+        S::store(&last[c0], kept ? entry : S::load(&last[c0]));
         kept_any |= kept;
       }
       bool any = false;
@@ -302,11 +318,12 @@ void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaus
 }
 
 template <typename scalar_t>
-void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, scalar_t* out_alpha) {
+void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, scalar_t* out_alpha,
+                  scalar_t* out_transmittance, scalar_t* out_last) {
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels;
   std::atomic<int64_t> next_tile(0);
-  for_each_tile(in.num_listed, next_tile, [&](int64_t begin, int64_t end) {
+  for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
     Row<scalar_t> row;
     row.resize(grid.tile_size, channels);
@@ -314,7 +331,7 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
       for (int64_t r = 0; r < rows; ++r) {
-        row.template composite<false>(gs, gs.row_begin[r], gs.row_begin[r + 1], x0, y0 + r, cols, rules);
+        row.composite(gs, gs.row_begin[r], gs.row_begin[r + 1], x0, y0 + r, cols, rules);
         for (int64_t col = 0; col < cols; ++col) {
           const int64_t pixel = (y0 + r) * grid.width + x0 + col;
           const scalar_t t_final = 1 - row.acc[col];
@@ -323,6 +340,8 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
             out[pixel * channels + ch] = in.background ? rgb + t_final * in.background[ch] : rgb;
           }
           out_alpha[pixel] = row.acc[col];
+          out_transmittance[pixel] = row.transmittance[col];
+          out_last[pixel] = row.last[col];
         }
       }
     }
@@ -330,36 +349,41 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
 }
 
 // Per-column scratch of the backward pass of one row ([stride] each, g_rgb [channels][stride];
-// columns past the tile's last one hold zeros).
+// columns past the tile's last one hold zeros and use no Gaussian).
 template <typename scalar_t>
 struct RowGrads {
-  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind;
+  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, transmittance, last;
   std::vector<scalar_t> tile_sums;  // [Gaussians of the tile][6 + channels][stride]
 
   void resize(int64_t stride, int64_t channels) {
     g_rgb.resize(stride * channels);
-    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind}) x->resize(stride);
+    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &transmittance, &last}) x->resize(stride);
   }
 };
 
+// The backward pass walks each row's Gaussians back to front from the last one each pixel
+// used (the forward pass's `last`), recovering the transmittance before each from the one
+// after it, T_i = T_{i+1} / (1 - alpha_i), as gsplat's backward does, from the final one. With
+// T_i and w_i = alpha_i T_i, for every Gaussian i that a pixel used,
+//   d out / d alpha_i = (T_{i+1} c_i - sum_{j > i} w_j c_j - T_final bg) / (1 - alpha_i)
+// (the twin's formula, with T_final = 1 - the output alpha, as the twin has it).
 template <typename scalar_t>
-void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* g_img, const scalar_t* g_alpha,
-                   scalar_t* pairs, scalar_t* tile_bg) {
+void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* out_alpha,
+                   const scalar_t* out_transmittance, const scalar_t* out_last, const scalar_t* g_img,
+                   const scalar_t* g_alpha, scalar_t* pairs, scalar_t* tile_bg) {
   typedef Simd<scalar_t> S;
   typedef typename S::V V;
   typedef typename S::M M;
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels, row_size = kParams + channels;
   std::atomic<int64_t> next_tile(0);
-  for_each_tile(in.num_listed, next_tile, [&](int64_t begin, int64_t end) {
+  for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
-    Row<scalar_t> row;
     RowGrads<scalar_t> rg;
-    row.resize(grid.tile_size, channels);
-    const int64_t stride = row.stride;
+    const int64_t stride = (grid.tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
     rg.resize(stride, channels);
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
-    const V half = S::splat(static_cast<scalar_t>(0.5)), minus_half = S::splat(static_cast<scalar_t>(-0.5));
+    const V minus_half = S::splat(static_cast<scalar_t>(-0.5));
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
@@ -370,14 +394,20 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
       scalar_t* bg_sum = tile_bg + i * channels;
       std::fill(bg_sum, bg_sum + channels, scalar_t(0));
       for (int64_t r = 0; r < rows; ++r) {
-        const int32_t list_begin = gs.row_begin[r], list_end = gs.row_begin[r + 1];
-        row.template composite<true>(gs, list_begin, list_end, x0, y0 + r, cols, rules);
+        const int32_t list_begin = gs.row_begin[r];
         std::fill(rg.g_rgb.begin(), rg.g_rgb.end(), scalar_t(0));
-        for (auto* x : {&rg.g_acc, &rg.t_final, &rg.bg_dot, &rg.behind}) std::fill(x->begin(), x->end(), scalar_t(0));
+        for (auto* x : {&rg.g_acc, &rg.t_final, &rg.bg_dot, &rg.behind, &rg.transmittance}) {
+          std::fill(x->begin(), x->end(), scalar_t(0));
+        }
+        std::fill(rg.last.begin(), rg.last.end(), scalar_t(-1));
+        scalar_t last_used = -1;
         for (int64_t col = 0; col < cols; ++col) {
           const int64_t pixel = (y0 + r) * grid.width + x0 + col;
           rg.g_acc[col] = g_alpha[pixel];
-          rg.t_final[col] = 1 - row.acc[col];
+          rg.t_final[col] = 1 - out_alpha[pixel];
+          rg.transmittance[col] = out_transmittance[pixel];
+          rg.last[col] = out_last[pixel];
+          last_used = std::max(last_used, out_last[pixel]);
           scalar_t dot = 0;
           for (int64_t ch = 0; ch < channels; ++ch) {
             const scalar_t g = g_img[pixel * channels + ch];
@@ -391,32 +421,37 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
         }
         const scalar_t py = static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5);
         // Back to front; behind[col] is the sum over the later Gaussians j of w_j v_j.
-        for (int32_t e = list_end - 1; e >= list_begin; --e) {
-          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e], first = lo - lo % S::kLanes;
-          const scalar_t* rec_a = &row.rec_alpha[static_cast<size_t>(e - list_begin) * stride];
-          const scalar_t* rec_t = &row.rec_before[static_cast<size_t>(e - list_begin) * stride];
-          M used = M{};
-          for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) used |= S::load(rec_a + c0) != zero;
-          bool any = false;
-          for (int l = 0; l < S::kLanes; ++l) any |= used[l] != 0;
-          if (!any) continue;  // no pixel of the row composited it: every term is 0
-          // Columns outside [lo, hi] of a vector have alpha 0 (never composited): they add 0.
+        for (int32_t e = list_begin + static_cast<int32_t>(last_used); e >= list_begin; --e) {
+          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
+          const GaussianOnRow<scalar_t> gauss(gs, k, py);
+          const V entry = S::splat(static_cast<scalar_t>(e - list_begin));
           const scalar_t* ck = &gs.colors[k * channels];
-          const scalar_t mx = gs.mx[k], dy = gs.my[k] - py, minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
+          const scalar_t mx = gs.mx[k], dy = gauss.dy, minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
           scalar_t* sums = &rg.tile_sums[static_cast<size_t>(k) * row_size * stride];
-          for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) {
-            const V alpha = S::load(rec_a + c0), before = S::load(rec_t + c0);
+          for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+            const V col = iota + static_cast<scalar_t>(c0);
+            M on;
+            V dx;
+            const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
+            // Used by the pixel: kept by the twin's rules, at or before the pixel's last one.
+            on &= (entry <= S::load(&rg.last[c0])) & (col >= static_cast<scalar_t>(lo)) &
+                  (col <= static_cast<scalar_t>(hi));
+            bool any = false;
+            for (int l = 0; l < S::kLanes; ++l) any |= on[l] != 0;
+            if (!any) continue;  // no pixel of these columns used it: every term is 0
+            const V alpha = on ? raw_alpha : zero;
+            const V t_after = S::load(&rg.transmittance[c0]);
+            const V before = on ? t_after / (one - alpha) : t_after;
             V v = S::load(&rg.g_acc[c0]);  // the output gradient seen through its color (alpha: 1)
             for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&rg.g_rgb[ch * stride + c0]) * ck[ch];
-            const V w = alpha * before, t_after = before * (one - alpha);
+            const V w = alpha * before;
             const V t_final = S::load(&rg.t_final[c0]);
             const V smaller = t_final < t_after ? t_final : t_after;
             const V behind = S::load(&rg.behind[c0]);
             const V grad_alpha = (t_after * v - behind - smaller * S::load(&rg.bg_dot[c0])) / (one - alpha);
             // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
-            const M passes = (alpha != zero) & (alpha < max_alpha);
+            const M passes = on & (alpha < max_alpha);
             const V g = passes ? grad_alpha * alpha : zero;
-            const V dx = mx - ((iota + static_cast<scalar_t>(c0 + x0)) + half);
             S::store(&sums[0 * stride + c0], S::load(&sums[0 * stride + c0]) + g * (minus_a * dx - qb * dy));
             S::store(&sums[1 * stride + c0], S::load(&sums[1 * stride + c0]) + g * (minus_c * dy - qb * dx));
             S::store(&sums[2 * stride + c0], S::load(&sums[2 * stride + c0]) + g * (minus_half * dx * dx));
@@ -428,6 +463,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
               S::store(out, S::load(out) + w * S::load(&rg.g_rgb[ch * stride + c0]));
             }
             S::store(&rg.behind[c0], behind + w * v);
+            S::store(&rg.transmittance[c0], before);
           }
         }
       }

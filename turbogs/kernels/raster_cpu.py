@@ -70,23 +70,25 @@ def _module():
 
 
 class _Rasterize(torch.autograd.Function):
-    """The kernel's forward and its written-out backward (the kernel recomputes each pixel's
-    forward pass, so nothing per pixel is stored here but the inputs)."""
+    """The kernel's forward and its written-out backward. Besides the image and alpha, the
+    forward leaves per pixel its final transmittance and the last Gaussian it used, from which
+    the backward walks back to front (two floats a pixel)."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids, size):
         width, height, tile_size = size
         bg = background if background is not None else colors.new_empty(0)
-        image, alpha = _module().rasterize_forward(
+        image, alpha, transmittance, last = _module().rasterize_forward(
             means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size
         )
-        ctx.save_for_backward(means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids)
+        ctx.save_for_backward(means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, alpha,
+                              transmittance, last)
         ctx.size, ctx.has_background = size, background is not None
         return image, alpha
 
     @staticmethod
     def backward(ctx, grad_image, grad_alpha):
-        means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids = ctx.saved_tensors
+        means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, *state = ctx.saved_tensors
         width, height, tile_size = ctx.size
         grad_image = grad_image.contiguous() if grad_image is not None else torch.zeros(
             height, width, colors.shape[-1], dtype=colors.dtype)
@@ -94,7 +96,7 @@ class _Rasterize(torch.autograd.Function):
             height, width, 1, dtype=colors.dtype)
         g_means, g_conics, g_colors, g_opacities, g_background = _module().rasterize_backward(
             means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size,
-            grad_image, grad_alpha,
+            *state, grad_image, grad_alpha,
         )
         return (g_means, g_conics, g_colors, g_opacities, g_background if ctx.has_background else None,
                 None, None, None, None)
