@@ -245,3 +245,50 @@ def test_threads_default_to_every_core_and_ranks_share_them(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_build_says_so_in_one_line_and_a_cached_one_says_nothing(monkeypatch):
+    lines = []
+
+    class Build:  # cuda/build.py's two entry points, without compiling anything
+        current = False
+
+        def cpu_build_is_current(self):
+            return self.current
+
+        def load_cpu_jit(self):
+            return "module"
+
+    build = Build()
+    monkeypatch.setattr(raster_cpu, "_build_module", lambda: build)
+    raster_cpu.forget()
+    try:
+        assert raster_cpu.load(log=lines.append)
+        assert lines == ["compiling TurboGS's CPU kernels (once)"]
+        raster_cpu.forget()
+        build.current = True
+        assert raster_cpu.load(log=lines.append) and len(lines) == 1
+    finally:
+        raster_cpu.forget()
+        monkeypatch.undo()
+        raster_cpu.load(log=lambda message: None)
+
+
+def test_the_trainer_builds_the_kernels_before_its_clock_starts(tmp_path, monkeypatch):
+    from test_cli import small_demo
+
+    from turbogs.data.load import load_scene
+    from turbogs.training.config import get_preset
+    from turbogs.training.trainer import RunOptions, Trainer
+
+    calls = []
+    monkeypatch.setattr(raster_cpu, "load", lambda log=None: calls.append(log) or True)
+    scene = load_scene(small_demo(tmp_path / "scene", views=4), log=lambda *_: None)
+    trainer = Trainer(scene, get_preset("turbo").for_run(steps=5),
+                      RunOptions(out_dir=tmp_path / "out", progress=False, log=lambda message: None))
+    assert calls and calls[0] is trainer.log and trainer.elapsed == 0.0 and trainer.step == 0
+    kernels.use_torch_twins(True)  # the twins asked for: nothing is built
+    calls.clear()
+    Trainer(scene, get_preset("turbo").for_run(steps=5),
+            RunOptions(out_dir=tmp_path / "out2", progress=False, log=lambda message: None))
+    assert calls == []

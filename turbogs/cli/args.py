@@ -61,7 +61,8 @@ def add_torch_twins(p: argparse.ArgumentParser) -> None:
 
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where to compute: cuda uses gsplat's kernels, cpu our C++ kernels and the torch twins (default: auto)")
+                   help="where to compute: cuda uses gsplat's kernels, cpu our C++ kernels and the torch twins "
+                        "(default: auto)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for torch, for the whole run (default: $OMP_NUM_THREADS if set, else every "
                         "core; the ranks of --nproc share them). The CPU kernels' results do not depend on it; on "

@@ -25,9 +25,9 @@ Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_siz
 
 from __future__ import annotations
 
-import torch
-
 from typing import Callable, Optional
+
+import torch
 
 from turbogs.kernels import raster_cpu, raster_gsplat, raster_torch, turbo_cuda, turbo_torch
 
