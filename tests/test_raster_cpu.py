@@ -195,16 +195,18 @@ def test_results_do_not_depend_on_the_thread_count():
         assert torch.equal(g1, g2)
 
 
-def test_the_dispatch_picks_the_native_kernel_unless_the_twins_are_asked_for(monkeypatch):
+def test_the_dispatch_picks_the_native_kernels_unless_the_twins_are_asked_for(monkeypatch):
     calls = []
-    monkeypatch.setattr(raster_cpu, "rasterize", lambda *a, **k: calls.append("native") or ("n", "n"))
-    monkeypatch.setattr(raster_torch, "rasterize", lambda *a, **k: calls.append("twin") or ("t", "t"))
-    args = (None,) * 9
-    kernels.rasterize(torch.zeros(3, 2), *args)
-    assert calls == ["native"] and kernels.backend_name(torch.device("cpu")) == "cpu-native"
+    for module, name in ((raster_cpu, "native"), (raster_torch, "twin")):
+        monkeypatch.setattr(module, "rasterize", lambda *a, name=name, **k: calls.append(name) or (name, name))
+        monkeypatch.setattr(module, "intersect_tiles", lambda *a, name=name, **k: calls.append(name) or (name, name))
+    kernels.rasterize(torch.zeros(3, 2), *(None,) * 9)
+    kernels.intersect_tiles(torch.zeros(3, 2), *(None,) * 5)
+    assert calls == ["native", "native"] and kernels.backend_name(torch.device("cpu")) == "cpu-native"
     kernels.use_torch_twins(True)
-    kernels.rasterize(torch.zeros(3, 2), *args)
-    assert calls == ["native", "twin"] and kernels.backend_name(torch.device("cpu")) == "torch"
+    kernels.rasterize(torch.zeros(3, 2), *(None,) * 9)
+    kernels.intersect_tiles(torch.zeros(3, 2), *(None,) * 5)
+    assert calls == ["native", "native", "twin", "twin"] and kernels.backend_name(torch.device("cpu")) == "torch"
 
 
 def test_without_the_kernels_the_twins_run_and_one_line_says_so(monkeypatch):
@@ -292,3 +294,19 @@ def test_the_trainer_builds_the_kernels_before_its_clock_starts(tmp_path, monkey
     Trainer(scene, get_preset("turbo").for_run(steps=5),
             RunOptions(out_dir=tmp_path / "out2", progress=False, log=lambda message: None))
     assert calls == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_native_tile_intersection_is_the_twins_bit_for_bit(seed):
+    means2d, conics, colors, opacities, radii, depths = make_scene(400, seed)
+    g = torch.Generator().manual_seed(seed)
+    radii[torch.rand(400, generator=g) < 0.1] = 0  # culled
+    depths[10:40] = depths[50]  # ties in depth: decided by index
+    depths[40:45] = -depths[40:45]  # negative depths sort by their bit pattern, as gsplat's do
+    th, tw = tile_grid(HEIGHT, WIDTH)
+    for mask in (None, tile_mask_for("half", seed)):
+        native = raster_cpu.intersect_tiles(means2d, radii, depths, TILE_SIZE, tw, th, mask)
+        twin = raster_torch.intersect_tiles(means2d, radii, depths, TILE_SIZE, tw, th, mask)
+        assert native[0].dtype == twin[0].dtype == native[1].dtype == twin[1].dtype == torch.int32
+        assert torch.equal(native[0], twin[0]) and torch.equal(native[1], twin[1])
+        assert native[1].numel() > 100

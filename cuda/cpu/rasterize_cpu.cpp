@@ -214,7 +214,13 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
   return {grad_means2d, grad_conics, grad_colors, grad_opacities, grad_background};
 }
 
+// intersect_cpu.cpp
+std::vector<at::Tensor> intersect_tiles(const at::Tensor& means2d, const at::Tensor& radii, const at::Tensor& depths,
+                                        int64_t tile_size, int64_t tile_width, int64_t tile_height,
+                                        const at::Tensor& tile_mask);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("intersect_tiles", &intersect_tiles, "tile / Gaussian pairs by (tile, depth) (CPU)");
   m.def("rasterize_forward", &rasterize_forward, "tile alpha compositing, forward (CPU)");
   m.def("rasterize_backward", &rasterize_backward, "tile alpha compositing, backward (CPU)");
 }

@@ -16,7 +16,8 @@ device; `backend_name()` says which ran, and results.json / bench.json record it
     raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
     projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
     raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
-    raster_cpu.py        compositing in C++ on the CPU (cuda/cpu/, built just in time)
+    raster_cpu.py        tile intersection and compositing in C++ on the CPU (cuda/cpu/, built
+                         just in time)
     turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
     turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
 
@@ -86,8 +87,8 @@ def _render_backend(cuda: bool):
 
 
 def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
-    """The compositing: gsplat's on CUDA, else the native CPU kernel (float32 / float64)
-    when it is built and the twins are not asked for, else the twin."""
+    """Tile intersection and compositing: gsplat's on CUDA, else the native CPU kernels
+    (float32 / float64) when they are built and the twins are not asked for, else the twins."""
     if cuda:
         return _render_backend(True)
     if dtype in (torch.float32, torch.float64) and _native_cpu():
@@ -120,7 +121,7 @@ def spherical_harmonics(degree, dirs, coeffs):
 def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask=None):
     """Tile/Gaussian pairs sorted by (tile, depth). With `tile_mask` [TH, TW] bool, pairs of
     unselected tiles are dropped. Returns isect_offsets [TH, TW] int32, flatten_ids [M] int32."""
-    return _render_backend(on_cuda(means2d)).intersect_tiles(
+    return _raster_backend(on_cuda(means2d)).intersect_tiles(
         means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask
     )
 

@@ -1,5 +1,5 @@
-"""Tile rasterization on the CPU in C++ (cuda/cpu/rasterize_cpu.cpp) behind the signature of
-its twin, `raster_torch.rasterize`.
+"""Tile rasterization on the CPU in C++ (cuda/cpu/) behind the signatures of its twins,
+`raster_torch.rasterize` and `raster_torch.intersect_tiles`.
 
 Why: the twin composites with dense [blocks, pixels, Gaussians] tensors, a few dozen torch
 ops a chunk, which is most of a CPU training step (benchmarks/results/2026-12-05_cpu_profile.md).
@@ -10,8 +10,9 @@ The module (`turbogs_cpu`) is compiled on first use by torch.utils.cpp_extension
 sources in cuda/cpu/ (cuda/build.py `load_cpu_jit`, cached under ~/.cache/turbogs/build/cpu),
 needing a C++ compiler and nothing of CUDA. Unlike the CUDA kernels, a CPU build that fails
 is not an error: the twins compute the same thing, slower, and one line says so and how to
-get the fast path. The other ops of the chain (projection, SH, tile intersection) stay the
-twins'.
+get the fast path. The tile intersection is native too (cuda/cpu/intersect_cpu.cpp, the
+twin's output bit for bit: a counting sort instead of expanding and sorting every pair); the
+projection and SH stay the twins'.
 """
 
 from __future__ import annotations
@@ -129,3 +130,21 @@ def rasterize(
         tiles.long().contiguous(), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
         (int(width), int(height), int(tile_size)),
     )
+
+
+@torch.no_grad()
+def intersect_tiles(
+    means2d: Tensor,
+    radii: Tensor,
+    depths: Tensor,
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    tile_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Same inputs and outputs as `raster_torch.intersect_tiles`, bit for bit."""
+    mask = torch.empty(0, dtype=torch.bool) if tile_mask is None else tile_mask.reshape(-1)
+    offsets, flatten_ids = _module().intersect_tiles(
+        means2d.detach(), radii, depths.detach(), int(tile_size), int(tile_width), int(tile_height), mask
+    )
+    return offsets, flatten_ids
