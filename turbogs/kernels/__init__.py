@@ -8,8 +8,9 @@ Every op below has two implementations with the same signature and semantics:
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
 (one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
-On the CPU the native compositing kernel is built on first use (`prepare_kernels`, before
-the training clock starts); without a C++ compiler one line says so and the twins run.
+On the CPU the native kernels (compositing, tile intersection) are built on first use
+(`prepare_kernels`, before the training clock starts); without a C++ compiler one line says
+so and the twins run.
 An explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on either
 device; `backend_name()` says which ran, and results.json / bench.json record it.
 
