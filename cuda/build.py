@@ -4,6 +4,9 @@
   torch are present.
 - `load_jit()`: compile (once, cached on disk) and import the same module at first use,
   for checkouts and installs without it. turbogs/kernels/turbo_cuda.py calls it.
+- `load_cpu_jit()`: the CPU kernels of cpu/ (C++ on ATen, no CUDA), a module of their own
+  (`turbogs_cpu`) so that a machine without nvcc gets them; turbogs/kernels/raster_cpu.py
+  calls it.
 
 Only bindings.cpp includes torch; the .cu files need nvcc alone (cuda/compile_check.sh).
 """
@@ -23,6 +26,16 @@ REPO_ROOT = HERE.parent
 # No --use_fast_math: the kernels must agree with the torch twins to rounding level.
 CXX_FLAGS = ["-O3"]
 NVCC_FLAGS = ["-O3", "-lineinfo"]
+# OpenMP as torch's own CPU build uses it: at::parallel_for is a `#pragma omp parallel` in
+# ATen's headers, so without -fopenmp it would run every tile on one thread. The module
+# links libgomp.so.1, which resolves to the copy torch has already loaded (one thread pool).
+CPU_DIR = HERE / "cpu"
+# -ffp-contract=off: no fused multiply-adds, so that the AVX2 and baseline copies of the kernels
+# (cpu/rasterize_cpu.cpp) round every step alike, as torch's kernels do; -Wno-psabi: the
+# vector types' ABI note for the baseline copy, whose vector functions are all inlined.
+CPU_CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi"]
+CPU_LD_FLAGS = ["-fopenmp"]
+CPU_MODULE = "turbogs_cpu"
 
 
 def sources() -> List[Path]:
@@ -75,6 +88,45 @@ def load_jit(verbose: bool = False):
         extra_include_paths=[str(HERE)],
         extra_cflags=CXX_FLAGS,
         extra_cuda_cflags=NVCC_FLAGS,
+        build_directory=str(build_dir),
+        verbose=verbose,
+    )
+
+
+def cpu_sources() -> List[Path]:
+    return sorted(CPU_DIR.glob("*.cpp"))
+
+
+def cpu_headers() -> List[Path]:
+    return sorted(CPU_DIR.glob("*.h"))
+
+
+def cpu_build_dir() -> Path:
+    """Beside the CUDA build, in a folder of its own (each torch build folder holds one module)."""
+    return default_build_dir() / "cpu"
+
+
+def cpu_build_is_current() -> bool:
+    """Whether a built CPU module is there, newer than every source (then loading it compiles
+    nothing; torch's loader decides for itself, this only tells whether to say so)."""
+    built = list(cpu_build_dir().glob(CPU_MODULE + "*.so"))
+    newest_source = max(path.stat().st_mtime for path in cpu_sources() + cpu_headers() + [Path(__file__)])
+    return any(path.stat().st_mtime >= newest_source for path in built)
+
+
+def load_cpu_jit(verbose: bool = False):
+    """Compile the CPU kernels just in time (tens of seconds the first time, cached after)
+    and return the module. Raises whatever torch's builder raises without a C++ compiler."""
+    from torch.utils.cpp_extension import load
+
+    build_dir = cpu_build_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load(
+        name=CPU_MODULE,
+        sources=[str(path) for path in cpu_sources()],
+        extra_include_paths=[str(CPU_DIR)],
+        extra_cflags=CPU_CXX_FLAGS,
+        extra_ldflags=CPU_LD_FLAGS,
         build_directory=str(build_dir),
         verbose=verbose,
     )

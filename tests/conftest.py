@@ -8,8 +8,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Tiny tensors on a 2-core machine run many times faster on one thread.
+# Tiny tensors on a 2-core machine run many times faster on one thread; the commands the tests
+# start (whose --threads defaults to every core) too: they read OMP_NUM_THREADS.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,8 @@ from pathlib import Path
 import cv2
 import pytest
 
+from turbogs.kernels import raster_cpu
+
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "benchmarks" / "gpu_build.sh"
 CHECK = REPO / "benchmarks" / "gpu_check.sh"
@@ -148,7 +150,9 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
     assert "call 1's install and builds found" in log
 
     bench = json.loads((out / "bench" / "bench.json").read_text())
-    assert bench["device"] == "cpu" and bench["backend"] == "torch" and bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
+    native = raster_cpu.load(log=lambda message: None)  # on the CPU: our C++ compositing where it builds
+    assert bench["device"] == "cpu" and bench["backend"] == ("cpu-native" if native else "torch")
+    assert bench["mode"] == {"steps": 4} and bench["image_size"] == [128, 96]
     assert set(bench["presets"]) == {"turbo", "3dgs"}  # 3dgs@7000 kept to the dry run's steps
     assert all(entry["steps"] == 4 for entry in bench["presets"].values())
     assert cv2.imread(str(out / "bench" / "psnr_vs_time.png")) is not None

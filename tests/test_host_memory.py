@@ -16,12 +16,15 @@ from turbogs.errors import TurboGSError
 DEMO = Path(__file__).resolve().parents[1] / "scenes" / "demo"
 
 # Train the demo capture (turbo preset, one thread) for 10 steps, then print the minor page
-# faults a step over the next 10.
+# faults a step over the next 10. With the torch twins: their compositing allocates the most
+# (the native CPU kernels allocate far less, so fault less either way).
 FAULTS_PER_STEP = """
 import resource, sys, tempfile, torch
+from turbogs import kernels
 from turbogs.device import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[2] == "tuned" else None
 torch.set_num_threads(1)
+kernels.use_torch_twins(True)
 from turbogs.training.config import get_preset
 from turbogs.data.load import load_scene
 from turbogs.training.trainer import RunOptions, Trainer

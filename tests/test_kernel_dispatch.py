@@ -17,7 +17,7 @@ from test_render import HEIGHT, WIDTH, make_camera, make_gaussians
 from turbogs import kernels
 from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
-from turbogs.kernels import raster_gsplat, turbo_cuda, turbo_torch
+from turbogs.kernels import raster_cpu, raster_gsplat, turbo_cuda, turbo_torch
 from turbogs.render import render
 from turbogs.tiles import sampled_pixels
 from turbogs.training.config import get_preset
@@ -44,7 +44,8 @@ def failing_build(monkeypatch, message="nvcc fatal : Unsupported gpu architectur
 
 
 def test_backend_names():
-    assert kernels.backend_name(torch.device("cpu")) == "torch"
+    native = raster_cpu.load(log=lambda message: None)  # the CPU's compositing: native when it could be built
+    assert kernels.backend_name(torch.device("cpu")) == ("cpu-native" if native else "torch")
     assert kernels.backend_name(torch.device("cuda")) == "gsplat+turbogs._C"
     kernels.use_torch_twins(True)
     assert kernels.backend_name(torch.device("cuda")) == "gsplat+twins"
@@ -112,11 +113,14 @@ def test_warm_up_changes_nothing(tmp_path, preset):
     assert trainer.step == 0 and trainer.elapsed == 0.0
 
 
-def test_results_json_records_the_backend(tmp_path):
+@pytest.mark.parametrize("twins", [False, True])
+def test_results_json_records_the_backend(tmp_path, twins):
     out = tmp_path / "model"
     result = subprocess.run(
-        [sys.executable, "-m", "turbogs", "train", str(DEMO), "--steps", "3", "--eval", "--quiet", "--out", str(out)],
+        [sys.executable, "-m", "turbogs", "train", str(DEMO), "--steps", "3", "--eval", "--quiet", "--out", str(out)]
+        + (["--torch-twins"] if twins else []),
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((out / "results.json").read_text())["backend"] == "torch"
+    native = not twins and raster_cpu.load(log=lambda message: None)
+    assert json.loads((out / "results.json").read_text())["backend"] == ("cpu-native" if native else "torch")

@@ -512,6 +512,7 @@ def test_unselected_tiles_are_not_composited(monkeypatch):
         return original(blocks, *args, **kwargs)
 
     monkeypatch.setattr(torch_backend, "_composite_blocks", spy)
+    monkeypatch.setattr(ops, "_twins", True)  # the twin's blocks (the native kernel: tests/test_raster_cpu.py)
     mask = torch.tensor([[False, True, False], [False, False, False]])
     render(make_gaussians(40, seed=6), make_camera(), tile_mask=mask)
     assert sum(seen) == (TILE_SIZE // torch_backend.BLOCK_SIZE) ** 2  # one tile's blocks

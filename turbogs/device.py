@@ -1,5 +1,6 @@
-"""The device a command computes on: `pick_device`, and on the CPU a malloc that keeps freed
-memory inside the process, so that a CPU training step stops page-faulting.
+"""The device a command computes on: `pick_device`, its CPU threads (`cpu_threads`), and on
+the CPU a malloc that keeps freed memory inside the process, so that a CPU training step stops
+page-faulting.
 
 Why: a step on the CPU allocates and frees the same few hundred tensors every time, and glibc's
 malloc gives the freed top of its heap back to the kernel as soon as more than its trim
@@ -26,7 +27,9 @@ has these knobs: with any other C library, or off Linux, this does nothing.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+from typing import Optional
 
 from turbogs.errors import TurboGSError
 
@@ -51,12 +54,44 @@ def keep_freed_memory() -> bool:
     return all(mallopt(option, value) == 1 for option, value in SETTINGS)
 
 
-def pick_device(name: str, threads: int = 1):
-    """The torch device for --device, and the CPU thread count: on CPU this workload is many
-    small ops, which run several times faster on one thread than fighting over two."""
+def cpu_threads(requested: Optional[int] = None) -> int:
+    """The torch threads of this process: `--threads N` (the whole run's: the ranks of a
+    multi-rank run on one machine, LOCAL_WORLD_SIZE, each take their part, at least one), else
+    $OMP_NUM_THREADS when set (this process's own, as OpenMP reads it; `--nproc` sets it to each
+    rank's share of the cores, torchrun to 1), else every core this process may run on.
+
+    Why all cores: the native CPU kernels run the tiles in parallel, with results that do not
+    depend on the thread count (benchmarks/results/2026-12-05_cpu_native_step.md). Only the
+    torch twins' many small ops ran fastest on one thread, the old default. On a machine whose
+    cores other processes keep busy, more threads than free cores wait on each other at every
+    parallel op: there, ask for fewer (OMP_NUM_THREADS=1 or --threads 1)."""
+    ranks = _int_env("LOCAL_WORLD_SIZE") or 1
+    if requested is not None:
+        return max(1, requested // ranks)
+    return _int_env("OMP_NUM_THREADS") or max(1, available_cores() // ranks)
+
+
+def _int_env(name: str) -> int:
+    """A positive integer from the environment, else 0."""
+    try:
+        return max(0, int(os.environ.get(name, "")))
+    except ValueError:
+        return 0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def pick_device(name: str, threads: Optional[int] = None):
+    """The torch device for --device, and the CPU thread count (`cpu_threads`)."""
     import torch
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cpu_threads(threads))
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():

@@ -64,6 +64,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     check_output_dir(settings.out_dir)
     scene = load_bench_scene(settings)
     device = settings.device
+    kernels.prepare_kernels(device, settings.log)  # compiled (once) before anything is timed
     cfg = get_preset(settings.presets[0])
     generator = torch.Generator().manual_seed(settings.seed)
     gaussians = initial_gaussians(scene, cfg, generator)

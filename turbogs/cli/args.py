@@ -53,16 +53,20 @@ def port_arg(text: str) -> int:
 
 def add_torch_twins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-twins", action="store_true",
-                   help="on CUDA, run TurboGS's own ops (error memory, sampling, tile loss) as their torch twins "
-                        "instead of the turbogs._C kernels: slower, for debugging a kernel. Without it, kernels "
-                        "that cannot be built are an error")
+                   help="run TurboGS's own ops as their torch twins: on CUDA the error memory, sampling and tile "
+                        "loss instead of the turbogs._C kernels, on the CPU the compositing instead of the native "
+                        "C++ kernel. Slower: to debug a kernel or time both paths. Without it, CUDA kernels that "
+                        "cannot be built are an error (a CPU build that fails falls back to the twins, one line)")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where to compute: cuda uses gsplat's kernels, cpu the torch twins (default: auto)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="CPU threads for torch (default 1: the many small ops of the CPU path run fastest on one)")
+                   help="where to compute: cuda uses gsplat's kernels, cpu our C++ kernels and the torch twins "
+                        "(default: auto)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for torch, for the whole run (default: $OMP_NUM_THREADS if set, else every "
+                        "core; the ranks of --nproc share them). The CPU kernels' results do not depend on it; on "
+                        "a machine other processes keep busy, fewer threads than busy cores run faster")
 
 
 def add_server(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ import sys
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from turbogs.device import available_cores
 from turbogs.distributed.world import LAUNCHED_BY_TURBOGS
 from turbogs.errors import TurboGSError
 
@@ -58,7 +59,8 @@ def run_ranks(nproc: int, argv: List[str], checkpoints: str) -> int:
 
     # The launcher logs every worker start and stop at WARNING; the user wants one line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as torchrun sets it
+    # Each rank's share of the cores (device.cpu_threads reads it; --threads overrides it).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // nproc)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"turbogs-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1,
                           start_method="spawn")

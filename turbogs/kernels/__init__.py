@@ -1,18 +1,24 @@
-"""The one dispatch point: CUDA kernel or its pure-PyTorch twin.
+"""The one dispatch point: compiled kernel or its pure-PyTorch twin.
 
 Every op below has two implementations with the same signature and semantics:
-- a CUDA one (gsplat's kernels for the rasterization chain, `turbogs._C` for ours), and
+- a compiled one (gsplat's CUDA kernels for the rasterization chain, `turbogs._C` for ours,
+  and on the CPU our C++ compositing kernel, `raster_cpu`), and
 - a readable torch twin that runs anywhere and is the test oracle.
 
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
 (one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
-Only an explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on CUDA;
-`backend_name()` says which ran, and results.json / bench.json record it.
+On the CPU the native kernels (compositing, tile intersection) are built on first use
+(`prepare_kernels`, before the training clock starts); without a C++ compiler one line says
+so and the twins run.
+An explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on either
+device; `backend_name()` says which ran, and results.json / bench.json record it.
 
     raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
     projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
     raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
+    raster_cpu.py        tile intersection and compositing in C++ on the CPU (cuda/cpu/, built
+                         just in time)
     turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
     turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
 
@@ -21,32 +27,52 @@ Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_siz
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
-from turbogs.kernels import raster_gsplat, raster_torch, turbo_cuda, turbo_torch
+from turbogs.kernels import raster_cpu, raster_gsplat, raster_torch, turbo_cuda, turbo_torch
 
-_twins_on_cuda = False  # --torch-twins: TurboGS's own ops run as their torch twins on CUDA too
+_twins = False  # --torch-twins: TurboGS's own ops run as their torch twins (CUDA and CPU)
 
 
 def use_torch_twins(enabled: bool) -> None:
-    """Ask for the torch twins of TurboGS's own ops on CUDA (slower; for debugging a kernel).
-    gsplat's rasterization chain has no such switch: on CUDA it is gsplat's or nothing."""
-    global _twins_on_cuda
-    _twins_on_cuda = bool(enabled)
+    """Ask for the torch twins of TurboGS's own ops (slower; to debug a kernel, or to time
+    both paths side by side). On CUDA, gsplat's rasterization chain has no such switch: it is
+    gsplat's or nothing; on the CPU the compositing runs as the twin too."""
+    global _twins
+    _twins = bool(enabled)
 
 
 def backend_name(device: torch.device) -> str:
-    """What runs on `device`: "torch" (the twins, CPU), "gsplat+turbogs._C" or "gsplat+twins"."""
+    """What runs on `device`: on the CPU "cpu-native" (our C++ compositing) or "torch" (the
+    twins: asked for, or no compiler); on CUDA "gsplat+turbogs._C" or "gsplat+twins"."""
     if torch.device(device).type != "cuda":
-        return "torch"
-    return "gsplat+twins" if _twins_on_cuda else "gsplat+turbogs._C"
+        return "cpu-native" if _native_cpu() else "torch"
+    return "gsplat+twins" if _twins else "gsplat+turbogs._C"
+
+
+def prepare_kernels(device: torch.device, log: Optional[Callable[[str], None]] = None) -> None:
+    """Before the first timed step: on CUDA load every module a run will use (a failure is a
+    TurboGSError); on the CPU build the native kernels unless the twins are asked for (a
+    failure is one line through `log` and the twins run)."""
+    if torch.device(device).type == "cuda":
+        require_cuda_kernels()
+    elif not _twins:
+        raster_cpu.load(log)
+
+
+def _native_cpu() -> bool:
+    """Whether the CPU compositing runs natively: not asked for the twins, and built (the
+    first call builds it)."""
+    return not _twins and raster_cpu.load()
 
 
 def require_cuda_kernels() -> None:
     """Load (building if needed) every CUDA module a run will use, before its first step:
     a missing kernel is a one-line TurboGSError now, not a traceback minutes into training."""
     raster_gsplat.require()
-    if not _twins_on_cuda:
+    if not _twins:
         turbo_cuda.require()
 
 
@@ -58,6 +84,16 @@ def _render_backend(cuda: bool):
     if cuda:
         raster_gsplat.require()  # cached after the first call; a failed gsplat build is one clear error
         return raster_gsplat
+    return raster_torch
+
+
+def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
+    """Tile intersection and compositing: gsplat's on CUDA, else the native CPU kernels
+    (float32 / float64) when they are built and the twins are not asked for, else the twins."""
+    if cuda:
+        return _render_backend(True)
+    if dtype in (torch.float32, torch.float64) and _native_cpu():
+        return raster_cpu
     return raster_torch
 
 
@@ -86,7 +122,7 @@ def spherical_harmonics(degree, dirs, coeffs):
 def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask=None):
     """Tile/Gaussian pairs sorted by (tile, depth). With `tile_mask` [TH, TW] bool, pairs of
     unselected tiles are dropped. Returns isect_offsets [TH, TW] int32, flatten_ids [M] int32."""
-    return _render_backend(on_cuda(means2d)).intersect_tiles(
+    return _raster_backend(on_cuda(means2d)).intersect_tiles(
         means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask
     )
 
@@ -95,8 +131,9 @@ def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isec
               background=None, tile_mask=None):
     """Front-to-back alpha compositing. Returns colors [H, W, C] and alphas [H, W, 1].
     With `tile_mask`, the colors of unselected tiles' pixels are undefined and must not be
-    read (zero on the CPU, the background on CUDA); their alphas are 0 on both."""
-    return _render_backend(on_cuda(means2d)).rasterize(
+    read (zero on the CPU, the background on CUDA); their alphas are 0 on both.
+    On the CPU: the native kernel (`raster_cpu`) when built, else the twin."""
+    return _raster_backend(on_cuda(means2d), means2d.dtype).rasterize(
         means2d, conics, colors, opacities, width, height, tile_size, isect_offsets, flatten_ids,
         background, tile_mask,
     )
@@ -105,11 +142,11 @@ def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isec
 # --- TurboGS ops ---
 # Error memory, tile sampling and the sparse tile loss: turbo_cuda (kernels of
 # turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs, the twins in
-# turbo_torch elsewhere (or on CUDA with use_torch_twins). Semantics: see turbo_torch.
+# turbo_torch elsewhere (or with use_torch_twins). Semantics: see turbo_torch.
 
 
 def _turbo_backend(cuda: bool):
-    if not cuda or _twins_on_cuda:
+    if not cuda or _twins:
         return turbo_torch
     turbo_cuda.require()  # raises TurboGSError when turbogs._C cannot be built or loaded
     return turbo_cuda

@@ -138,8 +138,9 @@ class Trainer:
             raise TurboGSError(f"{self.world.size} rank(s) x {cfg.batch_views} view(s) = {self.views_per_step} "
                                f"views per step, but the capture has {len(scene.train)} training views: "
                                "use fewer --nproc or --batch-views")
-        if self.device.type == "cuda":
-            kernels.require_cuda_kernels()  # a missing kernel is one clear error now, not at step 1
+        # Before the clock: a missing CUDA kernel is one clear error now, not at step 1; the CPU's
+        # native kernels are compiled now (once per machine), or one line says the twins run.
+        kernels.prepare_kernels(self.device, self.log)
         self.extent = scene.extent()
         self.generator = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)

@@ -1,0 +1,226 @@
+// Tile rasterization on the CPU: front-to-back alpha compositing, forward and backward,
+// with exactly the rules of the torch twin (turbogs/kernels/raster_torch.py `rasterize`):
+//
+// - pixel centers at (x + 0.5, y + 0.5); -sigma = -a dx^2 / 2 - c dy^2 / 2 - b dx dy;
+// - alpha = min(opacity * exp(-sigma), MAX_ALPHA), skipped (0) below ALPHA_THRESHOLD, and
+//   skipped where -sigma > 0 for a conic that is not positive definite;
+// - a pixel stops at the Gaussian after which its transmittance would fall to
+//   MIN_TRANSMITTANCE or below (that Gaussian and every later one are left out);
+// - colors have any number C of channels (RGB plus the blame probe's extra ones); the
+//   output alpha is 1 - final transmittance, and the background (optional) is added
+//   with that transmittance;
+// - only the tiles listed in `tiles` are composited; every other pixel is 0 and gets no
+//   gradient; clamped alphas pass no gradient.
+//
+// Why it is shaped this way:
+// - Each tile is computed whole by one thread (torch's threads take the next tile until none
+//   is left), whatever the thread count, so the images do not depend on it.
+// - Per-Gaussian gradients are not summed across tiles by atomics or per-thread buffers (both
+//   make the rounding depend on the schedule). Each tile writes its Gaussians' sums into the
+//   rows of their intersections ([M, 6 + C], row = position in flatten_ids; every
+//   intersection belongs to one tile), and one serial pass adds the rows per Gaussian in
+//   intersection order. 1 and 2 threads give the same bits.
+// - Each tile first copies its Gaussians into contiguous arrays and lists, per pixel row,
+//   those that can reach the row and between which columns (`build_rows`): a Gaussian reaches
+//   a pixel only where opacity * exp(-sigma) >= ALPHA_THRESHOLD, an ellipse, while a tile's
+//   list holds every Gaussian whose 3-sigma box touches the tile. The ranges are widened by a
+//   margin: the twin's own comparison decides every case that is close.
+// - A row is composited Gaussian by Gaussian over 8 (float) columns at a time, with vector
+//   extensions and our own vector exp (rasterize_cpu_kernels.h), compiled twice: for the
+//   baseline instruction set and for AVX2, chosen at run time.
+// - The forward leaves per pixel its final transmittance and the row entry of the last
+//   Gaussian it used; the backward walks each row back to front from there, recovering each
+//   transmittance from the next one (T_i = T_{i+1} / (1 - alpha_i), as gsplat does) with the
+//   sum of what lies behind, as the twin's formula has it.
+//
+// ATen only: this file is compiled by torch.utils.cpp_extension with a C++ compiler alone
+// (no CUDA headers), with OpenMP so that at::parallel_for runs on torch's thread pool.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr double kAlphaThreshold = 1.0 / 255.0;
+constexpr double kMaxAlpha = 0.999;
+constexpr double kMinTransmittance = 1e-4;
+// Added to the skip level of -sigma: far above exp's rounding, so that a skipped Gaussian is
+// one that the exact test would have skipped too.
+constexpr double kSkipMargin = 1e-3;
+constexpr int kParams = 6;  // mean x, mean y, conic a, b, c, -sigma (for the opacity)
+
+}  // namespace
+
+// The kernels, for the baseline instruction set and, where the compiler can target it, AVX2
+// (chosen at run time: `use_avx2`). The same source and -ffp-contract=off: both round alike.
+namespace base {
+#include "rasterize_cpu_kernels.h"
+}  // namespace base
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TURBOGS_AVX2 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace avx2 {
+#include "rasterize_cpu_kernels.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+
+namespace {
+
+bool use_avx2() {
+#ifdef TURBOGS_AVX2
+  static const bool supported = __builtin_cpu_supports("avx2");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
+                  const at::Tensor& opacities, const at::Tensor& background, const at::Tensor& tiles,
+                  const at::Tensor& isect_offsets, const at::Tensor& flatten_ids) {
+  for (const auto* t : {&means2d, &conics, &colors, &opacities, &tiles, &isect_offsets, &flatten_ids}) {
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(), "rasterize_cpu: inputs must be contiguous CPU tensors");
+  }
+  const auto dtype = means2d.scalar_type();
+  TORCH_CHECK(conics.scalar_type() == dtype && colors.scalar_type() == dtype && opacities.scalar_type() == dtype,
+              "rasterize_cpu: means2d, conics, colors and opacities must share a dtype");
+  TORCH_CHECK(means2d.dim() == 2 && means2d.size(1) == 2 && conics.dim() == 2 && conics.size(1) == 3 &&
+                  colors.dim() == 2 && opacities.dim() == 1,
+              "rasterize_cpu: shapes must be [N, 2], [N, 3], [N, C], [N]");
+  TORCH_CHECK(background.numel() == 0 || (background.scalar_type() == dtype && background.is_contiguous() &&
+                                          background.numel() == colors.size(1)),
+              "rasterize_cpu: background must be [C] of the colors' dtype");
+  TORCH_CHECK(tiles.scalar_type() == at::kLong && isect_offsets.scalar_type() == at::kInt &&
+                  flatten_ids.scalar_type() == at::kInt,
+              "rasterize_cpu: tiles int64, isect_offsets and flatten_ids int32");
+}
+
+}  // namespace
+
+// Returns (image [H, W, C], alpha [H, W, 1], and for the backward pass the final
+// transmittance [H, W] and each pixel's last used row entry [H, W], -1 for none);
+// `background` empty for none; `tiles` the row-major ids of the tiles to composite.
+std::vector<at::Tensor> rasterize_forward(const at::Tensor& means2d, const at::Tensor& conics,
+                                          const at::Tensor& colors, const at::Tensor& opacities,
+                                          const at::Tensor& background, const at::Tensor& tiles,
+                                          const at::Tensor& isect_offsets, const at::Tensor& flatten_ids,
+                                          int64_t width, int64_t height, int64_t tile_size) {
+  check_inputs(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+  auto image = at::zeros({height, width, colors.size(1)}, colors.options());
+  auto alpha = at::zeros({height, width, 1}, colors.options());
+  auto transmittance = at::ones({height, width}, colors.options());
+  auto last = at::full({height, width}, -1, colors.options());
+  AT_DISPATCH_FLOATING_TYPES(colors.scalar_type(), "rasterize_forward", [&] {
+    scalar_t *out = image.data_ptr<scalar_t>(), *out_alpha = alpha.data_ptr<scalar_t>();
+    scalar_t *out_t = transmittance.data_ptr<scalar_t>(), *out_last = last.data_ptr<scalar_t>();
+#ifdef TURBOGS_AVX2
+    if (use_avx2()) {
+      const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+      avx2::forward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
+                                   out, out_alpha, out_t, out_last);
+      return;
+    }
+#endif
+    const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+    base::forward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
+                                 out, out_alpha, out_t, out_last);
+  });
+  return {image, alpha, transmittance, last};
+}
+
+// Returns the gradients (means2d [N, 2], conics [N, 3], colors [N, C], opacities [N],
+// background [C], empty when there is none). `alpha`, `transmittance`, `last`: the forward's.
+std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::Tensor& conics,
+                                           const at::Tensor& colors, const at::Tensor& opacities,
+                                           const at::Tensor& background, const at::Tensor& tiles,
+                                           const at::Tensor& isect_offsets, const at::Tensor& flatten_ids,
+                                           int64_t width, int64_t height, int64_t tile_size,
+                                           const at::Tensor& alpha, const at::Tensor& transmittance,
+                                           const at::Tensor& last, const at::Tensor& grad_image,
+                                           const at::Tensor& grad_alpha) {
+  check_inputs(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+  for (const auto* t : {&alpha, &transmittance, &last, &grad_image, &grad_alpha}) {
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == colors.scalar_type() && t->numel() >= height * width,
+                "rasterize_cpu: the forward's outputs and their gradients must be contiguous, of the colors' dtype");
+  }
+  const int64_t n = means2d.size(0), channels = colors.size(1), row = kParams + channels;
+  // Rows of intersections of tiles not listed are never written nor read: no need to zero them.
+  auto pair_grads = at::empty({flatten_ids.numel(), row}, colors.options());
+  auto tile_grad_background = at::empty({tiles.numel(), channels}, colors.options());
+  auto grad_means2d = at::zeros({n, 2}, colors.options());
+  auto grad_conics = at::zeros({n, 3}, colors.options());
+  auto grad_colors = at::zeros({n, channels}, colors.options());
+  auto grad_opacities = at::zeros({n}, colors.options());
+  auto grad_background = at::zeros({background.numel() ? channels : 0}, colors.options());
+  AT_DISPATCH_FLOATING_TYPES(colors.scalar_type(), "rasterize_backward", [&] {
+    const scalar_t *a = alpha.data_ptr<scalar_t>(), *t = transmittance.data_ptr<scalar_t>();
+    const scalar_t *l = last.data_ptr<scalar_t>(), *gi = grad_image.data_ptr<scalar_t>();
+    const scalar_t* ga = grad_alpha.data_ptr<scalar_t>();
+    scalar_t *pairs_out = pair_grads.data_ptr<scalar_t>(), *bg_out = tile_grad_background.data_ptr<scalar_t>();
+#ifdef TURBOGS_AVX2
+    if (use_avx2()) {
+      const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+      avx2::backward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
+                                    a, t, l, gi, ga, pairs_out, bg_out);
+    } else
+#endif
+    {
+      const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
+      base::backward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
+                                    a, t, l, gi, ga, pairs_out, bg_out);
+    }
+    // The fixed-order reduction: listed tiles in order, each tile's intersections in order.
+    const scalar_t* pairs = pair_grads.data_ptr<scalar_t>();
+    const int32_t* ids = flatten_ids.data_ptr<int32_t>();
+    const int32_t* offsets = isect_offsets.data_ptr<int32_t>();
+    const int64_t* tile_ids = tiles.data_ptr<int64_t>();
+    scalar_t* gm = grad_means2d.data_ptr<scalar_t>();
+    scalar_t* gq = grad_conics.data_ptr<scalar_t>();
+    scalar_t* gc = grad_colors.data_ptr<scalar_t>();
+    scalar_t* gsig = grad_opacities.data_ptr<scalar_t>();  // sums of d/d(-sigma) first
+    for (int64_t i = 0; i < tiles.numel(); ++i) {
+      int64_t start, stop;
+      base::tile_range(offsets, tile_ids[i], isect_offsets.numel(), flatten_ids.numel(), start, stop);
+      for (int64_t p = start; p < stop; ++p) {
+        const int64_t g = ids[p];
+        const scalar_t* r = pairs + p * row;
+        gm[2 * g] += r[0], gm[2 * g + 1] += r[1];
+        gq[3 * g] += r[2], gq[3 * g + 1] += r[3], gq[3 * g + 2] += r[4];
+        gsig[g] += r[5];
+        for (int64_t ch = 0; ch < channels; ++ch) gc[g * channels + ch] += r[kParams + ch];
+      }
+    }
+    // d alpha / d opacity = alpha / opacity: the sum of d/d(-sigma) over the opacity.
+    const scalar_t* o = opacities.data_ptr<scalar_t>();
+    for (int64_t g = 0; g < n; ++g) gsig[g] = o[g] > 0 ? gsig[g] / std::max(o[g], scalar_t(1e-30)) : scalar_t(0);
+    if (background.numel()) {
+      const scalar_t* tb = tile_grad_background.data_ptr<scalar_t>();
+      scalar_t* gb = grad_background.data_ptr<scalar_t>();
+      for (int64_t i = 0; i < tiles.numel(); ++i)
+        for (int64_t ch = 0; ch < channels; ++ch) gb[ch] += tb[i * channels + ch];
+    }
+  });
+  return {grad_means2d, grad_conics, grad_colors, grad_opacities, grad_background};
+}
+
+// intersect_cpu.cpp
+std::vector<at::Tensor> intersect_tiles(const at::Tensor& means2d, const at::Tensor& radii, const at::Tensor& depths,
+                                        int64_t tile_size, int64_t tile_width, int64_t tile_height,
+                                        const at::Tensor& tile_mask);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("intersect_tiles", &intersect_tiles, "tile / Gaussian pairs by (tile, depth) (CPU)");
+  m.def("rasterize_forward", &rasterize_forward, "tile alpha compositing, forward (CPU)");
+  m.def("rasterize_backward", &rasterize_backward, "tile alpha compositing, backward (CPU)");
+}

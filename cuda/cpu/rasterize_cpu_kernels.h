@@ -1,0 +1,479 @@
+// The kernels of rasterize_cpu.cpp, included there twice: once for the baseline instruction
+// set, once (on x86-64 with GCC) inside `#pragma GCC target("avx2")`, so that one build runs
+// its vectors as AVX2 where the CPU has it and as SSE2 elsewhere. No include guard, no
+// includes: rasterize_cpu.cpp includes what this needs before each copy, and wraps each copy
+// in a namespace of its own.
+
+// The twin's thresholds as its tensors compare them: F.threshold against the largest float32
+// below 1/255 ("raw > it" is "raw >= 1/255" in float32), the others as scalars of the dtype.
+template <typename scalar_t>
+struct Rules {
+  scalar_t below_alpha_threshold = static_cast<scalar_t>(std::nextafter(static_cast<float>(kAlphaThreshold), 0.0f));
+  scalar_t max_alpha = static_cast<scalar_t>(kMaxAlpha);
+  scalar_t min_transmittance = static_cast<scalar_t>(kMinTransmittance);
+};
+
+// One tile's Gaussians, copied in depth order.
+template <typename scalar_t>
+struct TileGaussians {
+  std::vector<scalar_t> mx, my, a, b, c, opacity, skip_below, colors;
+  std::vector<char> positive_definite;
+  int64_t count = 0;
+
+  void load(int64_t start, int64_t end, const int32_t* ids, const scalar_t* means2d, const scalar_t* conics,
+            const scalar_t* opacities, const scalar_t* all_colors, int64_t channels) {
+    count = end - start;
+    for (auto* v : {&mx, &my, &a, &b, &c, &opacity, &skip_below}) v->resize(count);
+    positive_definite.resize(count);
+    colors.resize(count * channels);
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t g = ids[start + k];
+      mx[k] = means2d[2 * g];
+      my[k] = means2d[2 * g + 1];
+      a[k] = conics[3 * g];
+      b[k] = conics[3 * g + 1];
+      c[k] = conics[3 * g + 2];
+      opacity[k] = opacities[g];
+      positive_definite[k] = a[k] > 0 && a[k] * c[k] - b[k] * b[k] > 0;
+      // -sigma below log(threshold / opacity) - margin: opacity * exp(-sigma) is surely below
+      // the threshold. No positive opacity (or NaN): never skipped here, the exact test decides.
+      const double o = static_cast<double>(opacity[k]);
+      skip_below[k] = o > 0 ? static_cast<scalar_t>(std::log(kAlphaThreshold / o) - kSkipMargin)
+                            : -std::numeric_limits<scalar_t>::infinity();
+      for (int64_t ch = 0; ch < channels; ++ch) colors[k * channels + ch] = all_colors[g * channels + ch];
+    }
+  }
+
+  // Per pixel row of the tile: the Gaussians, in depth order, that can pass the alpha
+  // threshold somewhere on the row, with the pixel columns [lo, hi] where they can. On row
+  // y, -sigma >= skip level is a quadratic inequality in dx (a dx^2 + 2 b dy dx + c dy^2 +
+  // 2 level <= 0), solved in double and widened by a pixel: a column outside it surely fails
+  // the exact test, which still decides every column inside. A conic that is not positive
+  // definite, or an opacity that is not positive, keeps the whole row.
+  std::vector<int32_t> row_begin, row_k, row_lo, row_hi;
+
+  void build_rows(int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
+    // Gaussian by Gaussian (depth order is kept within each row), over the rows it reaches:
+    // on row y the quadratic has a root only where dy^2 <= -2 a level / det.
+    per_row.resize(rows);
+    for (auto& list : per_row) list.clear();
+    for (int64_t k = 0; k < count; ++k) {
+      const double qa = a[k], qb = b[k], qc = c[k], level = skip_below[k];
+      const double gx = mx[k], gy = my[k], det = qa * qc - qb * qb;
+      if (!(qa > 0 && det > 0 && std::isfinite(level) && std::isfinite(gx) && std::isfinite(gy))) {
+        for (int64_t r = 0; r < rows; ++r) per_row[r].push_back({static_cast<int32_t>(k), 0, static_cast<int32_t>(cols - 1)});
+        continue;
+      }
+      const double reach2 = -2 * qa * level / det;
+      if (!(reach2 >= 0)) continue;  // its opacity is below the threshold: it reaches no pixel
+      const double reach = std::sqrt(reach2);
+      const int64_t r_lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(std::ceil(gy - reach - 0.5 - y0) - 1, -1.0)));
+      const int64_t r_hi = std::min<int64_t>(rows - 1, static_cast<int64_t>(std::min(std::floor(gy + reach - 0.5 - y0) + 1,
+                                                                                       static_cast<double>(rows))));
+      for (int64_t r = r_lo; r <= r_hi; ++r) {
+        const double dy = gy - (static_cast<double>(y0 + r) + 0.5);
+        const double disc = qb * qb * dy * dy - qa * (qc * dy * dy + 2 * level);
+        if (disc < 0) continue;
+        const double root = std::sqrt(disc);
+        // dx = mx - px in [(-b dy - root) / a, (-b dy + root) / a]; px = x0 + col + 0.5.
+        const double col_lo = std::floor(gx - (-qb * dy + root) / qa - 0.5 - static_cast<double>(x0)) - 1;
+        const double col_hi = std::ceil(gx - (-qb * dy - root) / qa - 0.5 - static_cast<double>(x0)) + 1;
+        if (col_hi < 0 || col_lo > static_cast<double>(cols - 1)) continue;
+        const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(col_lo, -1.0)));
+        const int64_t hi = std::min<int64_t>(cols - 1, static_cast<int64_t>(std::min(col_hi, static_cast<double>(cols))));
+        per_row[r].push_back({static_cast<int32_t>(k), static_cast<int32_t>(lo), static_cast<int32_t>(hi)});
+      }
+    }
+    row_begin.assign(rows + 1, 0);
+    row_k.clear(), row_lo.clear(), row_hi.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+      row_begin[r] = static_cast<int32_t>(row_k.size());
+      for (const auto& entry : per_row[r]) {
+        row_k.push_back(entry[0]), row_lo.push_back(entry[1]), row_hi.push_back(entry[2]);
+      }
+    }
+    row_begin[rows] = static_cast<int32_t>(row_k.size());
+  }
+  std::vector<std::vector<std::array<int32_t, 3>>> per_row;
+
+  // One Gaussian's exponent terms on one row: -sigma = (x_term + y_term) + cross * dy, each
+  // computed as the twin computes it, in the same order (no fused multiply-add: the module is
+  // built for plain x86-64, whose float ops round each step as torch's kernels do).
+  inline scalar_t y_term(int64_t k, scalar_t dy) const { return static_cast<scalar_t>(-0.5) * c[k] * dy * dy; }
+  inline scalar_t neg_sigma(int64_t k, scalar_t dx, scalar_t dy, scalar_t yt) const {
+    return (static_cast<scalar_t>(-0.5) * a[k] * dx * dx + yt) + (-b[k] * dx) * dy;
+  }
+};
+
+// Columns are processed kLanes at a time with GCC/Clang vector extensions (32-byte vectors:
+// one AVX register or two SSE ones), because the compiler does not vectorize a loop with this
+// many selects by itself. Every lane computes exactly what the scalar expression computes.
+template <typename T>
+struct Simd {
+  static constexpr int kLanes = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32)));
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
+  typedef I M __attribute__((vector_size(32)));
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static void store(T* p, V v) { std::memcpy(p, &v, sizeof(v)); }
+  static V splat(T x) { return V{} + x; }
+  static V iota() {
+    V v;
+    for (int i = 0; i < kLanes; ++i) v[i] = static_cast<T>(i);
+    return v;
+  }
+};
+
+// exp for float32 lanes: Cody-Waite reduction to |r| <= ln2 / 2 and a degree-7 Taylor
+// polynomial (truncation 5e-9, under half an ulp), then 2^n from the exponent bits: within
+// 2 ulp of the correctly rounded value, as torch's own vectorized exp is. Double lanes (the
+// tests' float64 runs) use std::exp.
+inline Simd<float>::V vector_exp(Simd<float>::V x) {
+  typedef Simd<float>::V V;
+  typedef Simd<float>::M M;
+  const V low = Simd<float>::splat(-87.0f), high = Simd<float>::splat(88.0f);
+  x = x < low ? low : x;
+  x = x > high ? high : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V t = x * 1.44269504f + shifter;
+  const V n = t - shifter;
+  const V r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  V p = Simd<float>::splat(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  M bits;
+  std::memcpy(&bits, &t, sizeof(bits));  // t's low mantissa bits hold n (two's complement)
+  const M scale_bits = (bits - 0x4B400000 + 127) << 23;
+  V scale;
+  std::memcpy(&scale, &scale_bits, sizeof(scale));
+  return p * scale;
+}
+inline Simd<double>::V vector_exp(Simd<double>::V x) {
+  for (int i = 0; i < Simd<double>::kLanes; ++i) x[i] = std::exp(x[i]);
+  return x;
+}
+
+// One Gaussian on one pixel row, kLanes columns at a time: its alpha exactly as the twin
+// computes it (the same expression and order in the forward and the backward pass, so both
+// see the same bits).
+template <typename scalar_t>
+struct GaussianOnRow {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
+  scalar_t dy, yt, mx, o, half_a, minus_b;
+  M positive_definite;
+
+  GaussianOnRow(const TileGaussians<scalar_t>& gs, int64_t k, scalar_t py)
+      : dy(gs.my[k] - py), yt(gs.y_term(k, dy)), mx(gs.mx[k]), o(gs.opacity[k]),
+        half_a(static_cast<scalar_t>(-0.5) * gs.a[k]), minus_b(-gs.b[k]),
+        positive_definite(M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0)) {}
+
+  // Alpha at the pixel centers of columns `col` (tile-relative); `on`: where the twin keeps it
+  // (not below the threshold, NaN included, and -sigma <= 0 unless the conic is positive
+  // definite), before the pixel's own state is applied; `dx` for the gradients.
+  inline V alpha(const V& col, int64_t x0, const Rules<scalar_t>& rules, M& on, V& dx) const {
+    dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
+    const V ns = (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+    const V raw = o * vector_exp(ns);
+    on = (raw > rules.below_alpha_threshold) & (positive_definite | ~(ns > S::splat(0)));
+    return raw < rules.max_alpha ? raw : S::splat(rules.max_alpha);
+  }
+};
+
+// One pixel row of a tile, composited Gaussian by Gaussian (front to back), kLanes columns
+// at a time. Per column the arithmetic and its order are exactly a pixel's own front-to-back
+// loop. Besides color and alpha it leaves, per column, the final transmittance and the row
+// entry of the last Gaussian the pixel used (-1: none), from which the backward pass walks
+// back to front without compositing again.
+template <typename scalar_t>
+struct Row {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
+  int64_t stride = 0, channels = 0;  // stride: the tile's width rounded up to whole vectors
+  std::vector<scalar_t> transmittance, acc, rgb, weight, done, last;  // rgb: [channels][stride]
+
+  void resize(int64_t tile_size, int64_t num_channels) {
+    channels = num_channels;
+    stride = (tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
+    for (auto* v : {&transmittance, &acc, &weight, &done, &last}) v->resize(stride);
+    rgb.resize(stride * num_channels);
+  }
+
+  void composite(const TileGaussians<scalar_t>& gs, int32_t begin, int32_t end, int64_t x0, int64_t y,
+                 int64_t cols, const Rules<scalar_t>& rules) {
+    std::fill(transmittance.begin(), transmittance.end(), scalar_t(1));
+    std::fill(acc.begin(), acc.end(), scalar_t(0));
+    std::fill(done.begin(), done.end(), scalar_t(0));
+    std::fill(last.begin(), last.end(), scalar_t(-1));
+    std::fill(rgb.begin(), rgb.end(), scalar_t(0));
+    const scalar_t py = static_cast<scalar_t>(y) + static_cast<scalar_t>(0.5);
+    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
+    const V min_transmittance = S::splat(rules.min_transmittance);
+    int64_t live = cols;
+    for (int32_t e = begin; e < end && live > 0; ++e) {
+      const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
+      const GaussianOnRow<scalar_t> gauss(gs, k, py);
+      const V entry = S::splat(static_cast<scalar_t>(e - begin));
+      M kept_any = M{};
+      for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+        const V col = iota + static_cast<scalar_t>(c0);
+        M on;
+        V dx;
+        const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
+        on &= (S::load(&done[c0]) == zero) & (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
+        const V alpha = on ? raw_alpha : zero;
+        const V t = S::load(&transmittance[c0]);
+        const V after = t * (one - alpha);
+        const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
+        const M kept = on & ~stop;
+        const V w = kept ? alpha * t : zero;
+        S::store(&weight[c0], w);
+        S::store(&acc[c0], S::load(&acc[c0]) + w);
+        S::store(&transmittance[c0], kept ? after : t);
+        S::store(&done[c0], stop ? one : S::load(&done[c0]));
+        S::store(&last[c0], kept ? entry : S::load(&last[c0]));
+        kept_any |= kept;
+      }
+      bool any = false;
+      for (int i = 0; i < S::kLanes; ++i) any |= kept_any[i] != 0;
+      if (!any) continue;
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        const scalar_t color = gs.colors[k * channels + ch];
+        scalar_t* out = &rgb[ch * stride];
+        for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+          S::store(&out[c0], S::load(&out[c0]) + S::load(&weight[c0]) * color);
+        }
+      }
+      if ((e & 15) == 15) {
+        live = 0;
+        for (int64_t c = 0; c < cols; ++c) live += done[c] == 0;
+      }
+    }
+  }
+};
+
+struct Grid {
+  int64_t width, height, tile_size, tile_width, num_pairs;
+};
+
+// [start, end) of tile `t`'s run in flatten_ids.
+inline void tile_range(const int32_t* offsets, int64_t t, int64_t num_tiles, int64_t num_pairs, int64_t& start,
+                       int64_t& end) {
+  start = offsets[t];
+  end = t + 1 < num_tiles ? offsets[t + 1] : num_pairs;
+  end = std::max(start, std::min<int64_t>(end, num_pairs));
+}
+
+// The inputs both passes read, as raw pointers.
+template <typename scalar_t>
+struct Inputs {
+  const scalar_t *means2d, *conics, *colors, *opacities, *background;
+  const int64_t* tiles;
+  const int32_t *offsets, *ids;
+  int64_t channels, num_tiles, num_listed;
+
+  Inputs(const at::Tensor& m, const at::Tensor& q, const at::Tensor& c, const at::Tensor& o, const at::Tensor& bg,
+         const at::Tensor& tile_list, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids)
+      : means2d(m.data_ptr<scalar_t>()), conics(q.data_ptr<scalar_t>()), colors(c.data_ptr<scalar_t>()),
+        opacities(o.data_ptr<scalar_t>()), background(bg.numel() ? bg.data_ptr<scalar_t>() : nullptr),
+        tiles(tile_list.data_ptr<int64_t>()), offsets(isect_offsets.data_ptr<int32_t>()),
+        ids(flatten_ids.data_ptr<int32_t>()), channels(c.size(1)), num_tiles(isect_offsets.numel()),
+        num_listed(tile_list.numel()) {}
+};
+
+// Runs `body` on torch's threads, each of which takes the next tile from `next_tile` until
+// none is left: tiles cost very different amounts (a tile of the sky, one of a dense object),
+// so a static split of the list would leave threads idle. Which thread renders a tile changes
+// nothing in its result: every tile is computed whole by one thread, into its own outputs.
+template <typename Body>
+void for_each_tile(int64_t num_tiles, std::atomic<int64_t>& next_tile, const Body& body) {
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tiles));
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
+}
+
+// Loads listed tile i into `gs` and its row lists; returns its pixel origin and size.
+template <typename scalar_t>
+void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaussians<scalar_t>& gs, int64_t& start,
+               int64_t& x0, int64_t& y0, int64_t& rows, int64_t& cols) {
+  const int64_t t = in.tiles[i];
+  int64_t stop;
+  tile_range(in.offsets, t, in.num_tiles, grid.num_pairs, start, stop);
+  gs.load(start, stop, in.ids, in.means2d, in.conics, in.opacities, in.colors, in.channels);
+  x0 = (t % grid.tile_width) * grid.tile_size;
+  y0 = (t / grid.tile_width) * grid.tile_size;
+  rows = std::min(grid.tile_size, grid.height - y0);
+  cols = std::min(grid.tile_size, grid.width - x0);
+  gs.build_rows(x0, y0, rows, cols);
+}
+
+template <typename scalar_t>
+void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, scalar_t* out_alpha,
+                  scalar_t* out_transmittance, scalar_t* out_last) {
+  const Rules<scalar_t> rules;
+  const int64_t channels = in.channels;
+  std::atomic<int64_t> next_tile(0);
+  for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
+    TileGaussians<scalar_t> gs;
+    Row<scalar_t> row;
+    row.resize(grid.tile_size, channels);
+    for (int64_t i; (i = next_tile++) < in.num_listed;) {
+      int64_t start, x0, y0, rows, cols;
+      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        row.composite(gs, gs.row_begin[r], gs.row_begin[r + 1], x0, y0 + r, cols, rules);
+        for (int64_t col = 0; col < cols; ++col) {
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
+          const scalar_t t_final = 1 - row.acc[col];
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            const scalar_t rgb = row.rgb[ch * row.stride + col];
+            out[pixel * channels + ch] = in.background ? rgb + t_final * in.background[ch] : rgb;
+          }
+          out_alpha[pixel] = row.acc[col];
+          out_transmittance[pixel] = row.transmittance[col];
+          out_last[pixel] = row.last[col];
+        }
+      }
+    }
+  });
+}
+
+// Per-column scratch of the backward pass of one row ([stride] each, g_rgb [channels][stride];
+// columns past the tile's last one hold zeros and use no Gaussian).
+template <typename scalar_t>
+struct RowGrads {
+  std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, transmittance, last;
+  std::vector<scalar_t> tile_sums;  // [Gaussians of the tile][6 + channels][stride]
+
+  void resize(int64_t stride, int64_t channels) {
+    g_rgb.resize(stride * channels);
+    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &transmittance, &last}) x->resize(stride);
+  }
+};
+
+// The backward pass walks each row's Gaussians back to front from the last one each pixel
+// used (the forward pass's `last`), recovering the transmittance before each from the one
+// after it, T_i = T_{i+1} / (1 - alpha_i), as gsplat's backward does, from the final one. With
+// T_i and w_i = alpha_i T_i, for every Gaussian i that a pixel used,
+//   d out / d alpha_i = (T_{i+1} c_i - sum_{j > i} w_j c_j - T_final bg) / (1 - alpha_i)
+// (the twin's formula, with T_final = 1 - the output alpha, as the twin has it).
+template <typename scalar_t>
+void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* out_alpha,
+                   const scalar_t* out_transmittance, const scalar_t* out_last, const scalar_t* g_img,
+                   const scalar_t* g_alpha, scalar_t* pairs, scalar_t* tile_bg) {
+  typedef Simd<scalar_t> S;
+  typedef typename S::V V;
+  typedef typename S::M M;
+  const Rules<scalar_t> rules;
+  const int64_t channels = in.channels, row_size = kParams + channels;
+  std::atomic<int64_t> next_tile(0);
+  for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
+    TileGaussians<scalar_t> gs;
+    RowGrads<scalar_t> rg;
+    const int64_t stride = (grid.tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
+    rg.resize(stride, channels);
+    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
+    const V minus_half = S::splat(static_cast<scalar_t>(-0.5));
+    for (int64_t i; (i = next_tile++) < in.num_listed;) {
+      int64_t start, x0, y0, rows, cols;
+      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      // Per (Gaussian of the tile, parameter, column) sums over the tile's rows, summed over the
+      // columns once at the end of the tile, in column order (no reassociation anywhere: the
+      // same bits always), into this tile's intersections' rows (its own).
+      rg.tile_sums.assign(static_cast<size_t>(gs.count) * row_size * stride, scalar_t(0));
+      scalar_t* bg_sum = tile_bg + i * channels;
+      std::fill(bg_sum, bg_sum + channels, scalar_t(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t list_begin = gs.row_begin[r];
+        std::fill(rg.g_rgb.begin(), rg.g_rgb.end(), scalar_t(0));
+        for (auto* x : {&rg.g_acc, &rg.t_final, &rg.bg_dot, &rg.behind, &rg.transmittance}) {
+          std::fill(x->begin(), x->end(), scalar_t(0));
+        }
+        std::fill(rg.last.begin(), rg.last.end(), scalar_t(-1));
+        scalar_t last_used = -1;
+        for (int64_t col = 0; col < cols; ++col) {
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
+          rg.g_acc[col] = g_alpha[pixel];
+          rg.t_final[col] = 1 - out_alpha[pixel];
+          rg.transmittance[col] = out_transmittance[pixel];
+          rg.last[col] = out_last[pixel];
+          last_used = std::max(last_used, out_last[pixel]);
+          scalar_t dot = 0;
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            const scalar_t g = g_img[pixel * channels + ch];
+            rg.g_rgb[ch * stride + col] = g;
+            if (in.background) {
+              dot += g * in.background[ch];
+              bg_sum[ch] += rg.t_final[col] * g;
+            }
+          }
+          rg.bg_dot[col] = dot;
+        }
+        const scalar_t py = static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5);
+        // Back to front; behind[col] is the sum over the later Gaussians j of w_j v_j.
+        for (int32_t e = list_begin + static_cast<int32_t>(last_used); e >= list_begin; --e) {
+          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
+          const GaussianOnRow<scalar_t> gauss(gs, k, py);
+          const V entry = S::splat(static_cast<scalar_t>(e - list_begin));
+          const scalar_t* ck = &gs.colors[k * channels];
+          const scalar_t mx = gs.mx[k], dy = gauss.dy, minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
+          scalar_t* sums = &rg.tile_sums[static_cast<size_t>(k) * row_size * stride];
+          for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+            const V col = iota + static_cast<scalar_t>(c0);
+            M on;
+            V dx;
+            const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
+            // Used by the pixel: kept by the twin's rules, at or before the pixel's last one.
+            on &= (entry <= S::load(&rg.last[c0])) & (col >= static_cast<scalar_t>(lo)) &
+                  (col <= static_cast<scalar_t>(hi));
+            bool any = false;
+            for (int l = 0; l < S::kLanes; ++l) any |= on[l] != 0;
+            if (!any) continue;  // no pixel of these columns used it: every term is 0
+            const V alpha = on ? raw_alpha : zero;
+            const V t_after = S::load(&rg.transmittance[c0]);
+            const V before = on ? t_after / (one - alpha) : t_after;
+            V v = S::load(&rg.g_acc[c0]);  // the output gradient seen through its color (alpha: 1)
+            for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&rg.g_rgb[ch * stride + c0]) * ck[ch];
+            const V w = alpha * before;
+            const V t_final = S::load(&rg.t_final[c0]);
+            const V smaller = t_final < t_after ? t_final : t_after;
+            const V behind = S::load(&rg.behind[c0]);
+            const V grad_alpha = (t_after * v - behind - smaller * S::load(&rg.bg_dot[c0])) / (one - alpha);
+            // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
+            const M passes = on & (alpha < max_alpha);
+            const V g = passes ? grad_alpha * alpha : zero;
+            S::store(&sums[0 * stride + c0], S::load(&sums[0 * stride + c0]) + g * (minus_a * dx - qb * dy));
+            S::store(&sums[1 * stride + c0], S::load(&sums[1 * stride + c0]) + g * (minus_c * dy - qb * dx));
+            S::store(&sums[2 * stride + c0], S::load(&sums[2 * stride + c0]) + g * (minus_half * dx * dx));
+            S::store(&sums[3 * stride + c0], S::load(&sums[3 * stride + c0]) + g * ((zero - dx) * dy));
+            S::store(&sums[4 * stride + c0], S::load(&sums[4 * stride + c0]) + g * (minus_half * dy * dy));
+            S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
+            for (int64_t ch = 0; ch < channels; ++ch) {
+              scalar_t* out = &sums[(kParams + ch) * stride + c0];
+              S::store(out, S::load(out) + w * S::load(&rg.g_rgb[ch * stride + c0]));
+            }
+            S::store(&rg.behind[c0], behind + w * v);
+            S::store(&rg.transmittance[c0], before);
+          }
+        }
+      }
+      scalar_t* tile_rows = pairs + start * row_size;
+      for (int64_t k = 0; k < gs.count * row_size; ++k) {
+        const scalar_t* by_column = &rg.tile_sums[static_cast<size_t>(k) * stride];
+        scalar_t sum = 0;
+        for (int64_t col = 0; col < stride; ++col) sum += by_column[col];
+        tile_rows[k] = sum;
+      }
+    }
+  });
+}

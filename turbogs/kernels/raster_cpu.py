@@ -1,0 +1,150 @@
+"""Tile rasterization on the CPU in C++ (cuda/cpu/) behind the signatures of its twins,
+`raster_torch.rasterize` and `raster_torch.intersect_tiles`.
+
+Why: the twin composites with dense [blocks, pixels, Gaussians] tensors, a few dozen torch
+ops a chunk, which is most of a CPU training step (benchmarks/results/2026-12-05_cpu_profile.md).
+The native kernel walks each pixel's Gaussians once, stops where the pixel is opaque, and
+runs the tiles in parallel on torch's threads, with results that do not depend on how many.
+
+The module (`turbogs_cpu`) is compiled on first use by torch.utils.cpp_extension from the
+sources in cuda/cpu/ (cuda/build.py `load_cpu_jit`, cached under ~/.cache/turbogs/build/cpu),
+needing a C++ compiler and nothing of CUDA. Unlike the CUDA kernels, a CPU build that fails
+is not an error: the twins compute the same thing, slower, and one line says so and how to
+get the fast path. The tile intersection is native too (cuda/cpu/intersect_cpu.cpp, the
+twin's output bit for bit: a counting sort instead of expanding and sorting every pair); the
+projection and SH stay the twins'.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Callable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from turbogs.kernels.turbo_cuda import build_script
+
+_state = {"module": None, "tried": False}
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", build_script())
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def load(log: Optional[Callable[[str], None]] = None) -> bool:
+    """Build (once per machine) and load the CPU kernels; whether they are there. Tried once
+    per process: a failure is said in one line and the twins run from then on."""
+    if _state["tried"]:
+        return _state["module"] is not None
+    _state["tried"] = True
+    log = log or _stderr
+    try:
+        build = _build_module()
+        if not build.cpu_build_is_current():
+            log("compiling TurboGS's CPU kernels (once)")
+        _state["module"] = build.load_cpu_jit()
+    except Exception as exc:  # no compiler, a failed compile, a missing source: the twins run
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log(f"TurboGS's CPU kernels could not be built ({first_line[:200]}): the torch twins run instead, "
+            "several times slower; install a C++ compiler (g++ or clang) for the fast path")
+    return _state["module"] is not None
+
+
+def forget() -> None:
+    """Load again on the next call (tests)."""
+    _state["module"], _state["tried"] = None, False
+
+
+def _module():
+    if not load():
+        raise RuntimeError("TurboGS's CPU kernels are not built")
+    return _state["module"]
+
+
+class _Rasterize(torch.autograd.Function):
+    """The kernel's forward and its written-out backward. Besides the image and alpha, the
+    forward leaves per pixel its final transmittance and the last Gaussian it used, from which
+    the backward walks back to front (two floats a pixel)."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids, size):
+        width, height, tile_size = size
+        bg = background if background is not None else colors.new_empty(0)
+        image, alpha, transmittance, last = _module().rasterize_forward(
+            means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size
+        )
+        ctx.save_for_backward(means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, alpha,
+                              transmittance, last)
+        ctx.size, ctx.has_background = size, background is not None
+        return image, alpha
+
+    @staticmethod
+    def backward(ctx, grad_image, grad_alpha):
+        means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, *state = ctx.saved_tensors
+        width, height, tile_size = ctx.size
+        grad_image = grad_image.contiguous() if grad_image is not None else torch.zeros(
+            height, width, colors.shape[-1], dtype=colors.dtype)
+        grad_alpha = grad_alpha.contiguous() if grad_alpha is not None else torch.zeros(
+            height, width, 1, dtype=colors.dtype)
+        g_means, g_conics, g_colors, g_opacities, g_background = _module().rasterize_backward(
+            means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size,
+            *state, grad_image, grad_alpha,
+        )
+        return (g_means, g_conics, g_colors, g_opacities, g_background if ctx.has_background else None,
+                None, None, None, None)
+
+
+def rasterize(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    width: int,
+    height: int,
+    tile_size: int,
+    isect_offsets: Tensor,
+    flatten_ids: Tensor,
+    background: Optional[Tensor] = None,
+    tile_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Same inputs, outputs and rules as `raster_torch.rasterize` (the pixels of tiles left
+    out by `tile_mask` are 0 and get no gradient). All float inputs take the colors' dtype."""
+    dtype = colors.dtype
+    tile_height, tile_width = isect_offsets.shape
+    if tile_mask is None:
+        tiles = torch.arange(tile_width * tile_height)
+    else:
+        tiles = torch.nonzero(tile_mask.reshape(-1)).squeeze(1)
+    return _Rasterize.apply(
+        means2d.to(dtype).contiguous(), conics.to(dtype).contiguous(), colors.contiguous(),
+        opacities.to(dtype).contiguous(), None if background is None else background.to(dtype).contiguous(),
+        tiles.long().contiguous(), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
+        (int(width), int(height), int(tile_size)),
+    )
+
+
+@torch.no_grad()
+def intersect_tiles(
+    means2d: Tensor,
+    radii: Tensor,
+    depths: Tensor,
+    tile_size: int,
+    tile_width: int,
+    tile_height: int,
+    tile_mask: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Same inputs and outputs as `raster_torch.intersect_tiles`, bit for bit."""
+    mask = torch.empty(0, dtype=torch.bool) if tile_mask is None else tile_mask.reshape(-1)
+    offsets, flatten_ids = _module().intersect_tiles(
+        means2d.detach(), radii, depths.detach(), int(tile_size), int(tile_width), int(tile_height), mask
+    )
+    return offsets, flatten_ids
