@@ -34,6 +34,8 @@ def timed(function, repeats: int) -> float:
 
 
 def worker(rank: int, init_file: str, sizes, repeats: int, results) -> None:
+    from turbogs.distributed.world import exit_rank
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     for size in sizes:
@@ -51,6 +53,7 @@ def worker(rank: int, init_file: str, sizes, repeats: int, results) -> None:
         if rank == 0:
             results[size] = row
     dist.destroy_process_group()
+    exit_rank(0)  # past libtorch's C++ teardown, where a gloo rank can abort (see exit_rank)
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def worker(rank: int, init_file: str, args, results) -> None:
     from turbogs.data.load import load_scene
-    from turbogs.distributed.world import World
+    from turbogs.distributed.world import World, exit_rank
     from turbogs.training.config import get_preset
     from turbogs.training.stop import StopAgreement, StopSignals
     from turbogs.training.trainer import RunOptions, Trainer
@@ -71,6 +71,7 @@ def worker(rank: int, init_file: str, args, results) -> None:
     if rank == 0:
         results["plain"], results["agreed"], results["alone"] = plain, agreed, alone
     dist.destroy_process_group()
+    exit_rank(0)  # past libtorch's C++ teardown, where a gloo rank can abort (see exit_rank)
 
 
 def main() -> int:

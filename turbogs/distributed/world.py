@@ -179,8 +179,9 @@ def exit_rank(code: int) -> NoReturn:
     the output is flushed, but libtorch's C++ teardown is skipped. Why: at interpreter exit a
     gloo rank can abort (SIGABRT, "terminate called without an active exception", no Python
     frame) when a C++ thread of the process group is still joinable as its object is destroyed,
-    even after destroy_process_group; CI saw it once in ~900 tests, on a 2-rank run that had
-    already written everything. The launcher would report that rank as crashed."""
+    even after destroy_process_group; CI saw it twice in ~940 tests, in a `--nproc 2` run and in
+    an mp.spawn worker, each after its work was done. The launcher would report that rank as
+    crashed. mp.spawn workers (tests, benchmarks) end through here too."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
