@@ -213,7 +213,7 @@ def test_without_the_kernels_the_twins_run_and_one_line_says_so(monkeypatch):
     lines = []
     raster_cpu.forget()
     try:
-        monkeypatch.setattr(raster_cpu, "_build_module", lambda: (_ for _ in ()).throw(
+        monkeypatch.setattr(raster_cpu, "build_module", lambda: (_ for _ in ()).throw(
             RuntimeError("Error building extension 'turbogs_cpu'\ng++: not found")))
         assert not raster_cpu.load(log=lines.append)
         assert not raster_cpu.load(log=lines.append)  # tried once per process
@@ -262,7 +262,7 @@ def test_a_build_says_so_in_one_line_and_a_cached_one_says_nothing(monkeypatch):
             return "module"
 
     build = Build()
-    monkeypatch.setattr(raster_cpu, "_build_module", lambda: build)
+    monkeypatch.setattr(raster_cpu, "build_module", lambda: build)
     raster_cpu.forget()
     try:
         assert raster_cpu.load(log=lines.append)

@@ -17,23 +17,15 @@ projection and SH stay the twins'.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from turbogs.kernels.turbo_cuda import build_script
+from turbogs.kernels.turbo_cuda import build_module
 
 _state = {"module": None, "tried": False}
-
-
-def _build_module():
-    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", build_script())
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build
 
 
 def _stderr(message: str) -> None:
@@ -48,7 +40,7 @@ def load(log: Optional[Callable[[str], None]] = None) -> bool:
     _state["tried"] = True
     log = log or _stderr
     try:
-        build = _build_module()
+        build = build_module()
         if not build.cpu_build_is_current():
             log("compiling TurboGS's CPU kernels (once)")
         _state["module"] = build.load_cpu_jit()

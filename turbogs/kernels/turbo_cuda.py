@@ -29,6 +29,15 @@ def build_script() -> Path:
     return _PACKAGE / "cuda" / "build.py"
 
 
+def build_module():
+    """cuda/build.py loaded as a module (it is package data, not a package): its `load_jit`
+    builds turbogs._C, its `load_cpu_jit` the CPU kernels (turbogs/kernels/raster_cpu.py)."""
+    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", build_script())
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build
+
+
 @lru_cache(maxsize=None)
 def _module():
     try:
@@ -40,10 +49,7 @@ def _module():
     script = build_script()
     if not script.is_file():
         raise ImportError(f"turbogs._C is not installed and {script} is missing")
-    spec = importlib.util.spec_from_file_location("turbogs_cuda_build", script)
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build.load_jit()
+    return build_module().load_jit()
 
 
 def require() -> None:
