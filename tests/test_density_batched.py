@@ -42,7 +42,7 @@ def vanilla_state(n, gen):
 def error_state(n, gen):
     exposed = torch.randint(0, 9, (n,), generator=gen).float()
     return {"blame": torch.rand(n, generator=gen) ** 2 * exposed, "weight": torch.rand(n, generator=gen) * 0.05 * exposed,
-            "exposed": exposed}
+            "exposed": exposed, "fade": torch.randn(n, generator=gen)}
 
 
 # --- the reference: the code before the batched read ----------------------------------
@@ -89,7 +89,7 @@ def reference_error(strategy, state, gaussians, optimizers, extent, progress):
     score = state["blame"] / exposed.clamp_min(1)
     seen = (exposed > 0) & ~prune
     mean_score = score[seen].mean() if bool(seen.any()) else score.new_zeros(())
-    candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0)
+    candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0) & (state["fade"] <= 0)
     small = max_scale <= cfg.percent_dense * extent
     room = max(0, strategy.budget_at(progress) - (n - int(prune.sum())))
     order = torch.nonzero(candidates).squeeze(1)

@@ -13,6 +13,7 @@ from density_helpers import MOMENTS, after_backward
 
 from turbogs import kernels as ops
 from turbogs.data.scene import Camera
+from turbogs.density.base import DensityStep
 from turbogs.density.error_driven import (
     ErrorDensityConfig,
     ErrorDrivenDensity,
@@ -271,11 +272,12 @@ def ids(gaussians):
     return gaussians.params["sh0"].detach()[:, 0, 0].round().long().tolist()
 
 
-def hand_state(n, blame, weight=None, exposed=None):
+def hand_state(n, blame, weight=None, exposed=None, fade=None):
     return {
         "blame": torch.tensor(blame, dtype=torch.float32),
         "weight": torch.full((n,), 10.0) if weight is None else torch.tensor(weight, dtype=torch.float32),
         "exposed": torch.full((n,), 10.0) if exposed is None else torch.tensor(exposed, dtype=torch.float32),
+        "fade": torch.zeros(n) if fade is None else torch.tensor(fade, dtype=torch.float32),
     }
 
 
@@ -322,6 +324,45 @@ def test_growth_takes_highest_blame_within_budget_and_fraction():
     state.update(hand_state(10, [0.1 * i for i in range(10)], exposed=[10.0] * 9 + [40.0]))
     strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
     assert ids(gaussians) == list(range(10)) + [7, 8]  # the top two; clones follow in row order
+
+
+def test_growth_skips_what_the_loss_is_fading_out():
+    """Rows 1 and 2 have the same high blame, but row 2's opacity gradient (summed over the
+    window) says the loss is making it more transparent: a floater. Row 1 is cloned, row 2 not
+    grown; rows 0 and 3-5 (low blame) neither. Without the fade, both would grow."""
+    blame, fade = [0.1, 1.0, 1.0, 0.02, 0.02, 0.02], [0.0, -0.3, 0.2, 0.0, 0.0, 0.0]
+    strategy = ErrorDrivenDensity(ErrorDensityConfig(grow_ratio=1.0, grow_fraction=1.0, max_gaussians=100,
+                                                     opacity_decay=1.0))
+    for fades, grown in ((fade, [1]), (None, [1, 2])):
+        gaussians = make_gaussians([LARGE] + [SMALL] * 5, [0.5] * 6)
+        state = strategy.initial_state(6)
+        state.update(hand_state(6, blame, fade=fades))
+        stats = strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=0.9)
+        assert (stats["n_cloned"], stats["n_split"]) == (len(grown), 0)
+        assert ids(gaussians) == list(range(6)) + grown
+
+
+def test_the_fade_of_a_step_of_several_views_is_the_sum_of_each_views_opacity_gradient():
+    """The opacity's .grad adds up over a step's views; observe gives each view its own part,
+    so that the statistic is the same however the views are grouped into steps."""
+    gaussians, camera = make_scene_gaussians(12, seed=4), make_camera()
+    strategy = ErrorDrivenDensity(ErrorDensityConfig())
+    state = strategy.initial_state(len(gaussians))
+    per_view, observed = [], []
+    for seed in (5, 6, 7):  # one step of three views, each loss divided by 3 as the trainer does
+        before = torch.zeros(len(gaussians)) if gaussians.params["opacities"].grad is None \
+            else gaussians.params["opacities"].grad.reshape(-1).clone()
+        probe = make_probe(len(gaussians))
+        out = render(gaussians, camera, tile_mask=TILE_MASK, extra_features=probe)
+        gt = target_image(seed)
+        loss, _ = TileLoss()(out.image, gt, TILE_IDS)
+        ((loss + blame_term(out, pixel_error(out.image, gt, TILE_MASK), TILE_MASK)) / 3).backward()
+        per_view.append(gaussians.params["opacities"].grad.reshape(-1) - before)
+        observed.append(strategy.observe(state, DensityStep(1, 0.3, gaussians, {}, out, SIZE, SIZE, 1.0, probe,
+                                                            grad_scale=3.0))["fade"])
+    for mine, truth in zip(observed, per_view):
+        torch.testing.assert_close(mine, truth * 3.0)
+    assert all(float(view.abs().sum()) > 0 for view in per_view)
 
 
 def test_pruning_by_opacity_size_and_hidden():
@@ -427,6 +468,7 @@ def test_after_backward_schedule_with_real_renders():
             torch.testing.assert_close(state["blame"], before["blame"] + probe.grad[:, 0])
             torch.testing.assert_close(state["weight"], before["weight"] + probe.grad[:, 1])
             assert torch.equal(state["exposed"], before["exposed"] + exposed_now)
+            torch.testing.assert_close(state["fade"], before["fade"] + gaussians.params["opacities"].grad.reshape(-1))
         for opt in optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -22,15 +22,18 @@ the extra channels add a zero color, so the weights' gradients get nothing from 
 One backward pass, no second graph, and the other gradients are exactly those of the
 loss alone.
 
-The strategy keeps three per-Gaussian sums over a window (since the last densification):
-blame, coverage, and the number of steps in which the Gaussian's screen footprint
-overlapped a sampled tile ("exposures"). Every `densify_every` steps while the run's
+The strategy keeps four per-Gaussian sums over a window (since the last densification):
+blame, coverage, the number of steps in which the Gaussian's screen footprint overlapped a
+sampled tile ("exposures"), and its opacity gradient ("fade", dL / d opacity logit: positive
+when the loss would make it more transparent). Every `densify_every` steps while the run's
 progress is in [densify_from, densify_until) it
 1. prunes Gaussians that are nearly transparent (opacity), tiny (largest scale below a
    floor), or hidden (exposed often, yet almost no blending weight: occluded or faint);
-2. grows the Gaussians with the highest blame per exposure: clones the small ones
-   (a region needs one more Gaussian), splits the large ones (one blob covers detail it
-   cannot represent), within a budget;
+2. grows the Gaussians with the highest blame per exposure, among those the loss wants to
+   keep (fade <= 0): clones the small ones (a region needs one more Gaussian), splits the
+   large ones (one blob covers detail it cannot represent), within a budget. Why the fade
+   test: a Gaussian whose opacity the loss is lowering is one it wants gone (a floater, a
+   blob in front of the surface); its error is its own presence, and splitting it makes two;
 3. from a fifth of the run on, decays every opacity, so that Gaussians the loss does not
    keep opaque (floaters, points started in empty space) fall below the pruning threshold.
    Without it a floater persists: sparse sampling renders it rarely, over a white background
@@ -167,7 +170,10 @@ class ErrorDensityConfig(DensityConfig):
     budget_start: Optional[int] = None  # the budget at densify_from; None = the initial count
     budget_full_at: float = 0.6  # the budget rises linearly from densify_from to here
     grow_ratio: float = 1.0  # grow only Gaussians whose blame per exposure >= this x the mean
-    grow_fraction: float = 0.1  # at most this share of the Gaussians grows per densification
+    # At most this share of the Gaussians grows per densification. Growing more closes most of the
+    # gap to 3dgs at equal steps but costs 0.6-1.6 dB in a 100 s CPU run on five captures of six
+    # (more Gaussians, fewer steps; benchmarks/results/2026-12-05_cpu_capture_kinds_3.md).
+    grow_fraction: float = 0.1
     percent_dense: float = 0.01  # clone if max scale <= this x scene extent, else split
     split_into: int = 2  # children per split Gaussian
     prune_opacity: float = 0.005  # prune Gaussians less opaque than this
@@ -220,13 +226,15 @@ class ErrorDrivenDensity(Strategy):
         self.config = config or ErrorDensityConfig()
         # The budget's starting count: the configured one, else set by initial_state().
         self.start_count = self.config.budget_start if self.config.budget_start is not None else 0
+        self._opacity_grad_before = (-1, None)  # see _view_opacity_gradient
 
     # --- state and schedule -------------------------------------------------------
     def initial_state(self, n: int, device: torch.device | str = "cpu") -> Dict[str, Tensor]:
         """Zero statistics; also fixes the budget's starting count to n unless configured."""
         if self.config.budget_start is None:
             self.start_count = int(n)
-        return {key: torch.zeros(n, device=device) for key in ("blame", "weight", "exposed")}
+        self._opacity_grad_before = (-1, None)  # (step, the opacity gradient after its last view)
+        return {key: torch.zeros(n, device=device) for key in ("blame", "weight", "exposed", "fade")}
 
     def budget_at(self, progress: float) -> int:
         """The most Gaussians allowed at `progress`: the starting count until densify_from,
@@ -281,7 +289,22 @@ class ErrorDrivenDensity(Strategy):
         render_out = step_info.render
         exposed = exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
                                     step_info.width, step_info.height)
-        return {"blame": blame[:, 0], "weight": blame[:, 1], "exposed": exposed.to(blame.dtype)}
+        fade = self._view_opacity_gradient(step_info).to(blame) * step_info.grad_scale
+        return {"blame": blame[:, 0], "weight": blame[:, 1], "exposed": exposed.to(blame.dtype), "fade": fade}
+
+    def _view_opacity_gradient(self, step_info: DensityStep) -> Tensor:
+        """[N] this view's dL / d opacity logit. The parameter's .grad holds the sum over the
+        step's views so far (they add up until the optimizer steps), so what it held after the
+        step's previous view is taken off. A clone per view only when a step has several."""
+        n = len(step_info.gaussians)
+        grad = step_info.gaussians.params["opacities"].grad
+        if grad is None:
+            return torch.zeros(n, device=step_info.gaussians.params["opacities"].device)
+        grad = grad.detach().reshape(n)
+        step, before = self._opacity_grad_before
+        this_view = grad - before if step == step_info.step and before is not None else grad
+        self._opacity_grad_before = (step_info.step, grad.clone() if step_info.grad_scale != 1.0 else None)
+        return this_view
 
     @torch.no_grad()
     def control(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, object]:
@@ -313,12 +336,12 @@ class ErrorDrivenDensity(Strategy):
         hidden = (exposed >= cfg.hidden_min_exposures) & (state["weight"] < cfg.hidden_weight * exposed)
         prune = low_opacity | tiny | hidden
 
-        # 2. Choose growth among the survivors: highest blame per exposure first.
+        # 2. Choose growth among the survivors the loss keeps: highest blame per exposure first.
         score = state["blame"] / exposed.clamp_min(1)
         seen = (exposed > 0) & ~prune
         # The mean score of the seen survivors (0 when none), as a masked sum: no read.
         mean_score = torch.where(seen, score, 0.0).sum() / seen.sum().clamp_min(1)
-        candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0)
+        candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0) & (state["fade"] <= 0)
         small = max_scale <= cfg.percent_dense * scene_extent
         room = (self.budget_at(progress) - n + prune.sum()).clamp_min(0)
         grow = self._pick_growth(candidates, small, score, room, limit=int(cfg.grow_fraction * n))

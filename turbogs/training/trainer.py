@@ -366,7 +366,11 @@ class Trainer:
         self.optimizers = make_optimizers(self.gaussians, self.cfg, self.extent)
         for name, optimizer in self.optimizers.items():
             load_keeping_settings(optimizer, state["optimizers"][name])
-        self.density_state = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["density"].items()}
+        loaded = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["density"].items()}
+        for key, fresh in self.density_state.items():  # a statistic the checkpoint's version did not keep: zeros
+            if key not in loaded:
+                loaded[key] = fresh.new_zeros((len(self.gaussians),) + tuple(fresh.shape[1:]))
+        self.density_state = loaded
         self.views.load_state_dict(state["views"])
         if self.memory is not None:
             self.memory.load_state_dict(state["error_memory"])
