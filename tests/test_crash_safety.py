@@ -68,6 +68,28 @@ def test_turbo_state_round_trip_resumes_bit_for_bit(tmp_path):
         assert torch.equal(value, resumed.gaussians.raw()[name]), name
 
 
+def test_a_checkpoint_from_before_a_density_statistic_existed_resumes_with_it_at_zero(tmp_path):
+    """A checkpoint written before error-driven density kept its "fade" statistic (older
+    versions) resumes: the missing statistic starts at zero, one row per Gaussian, and the
+    run goes on through a densification."""
+    scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=quiet)
+    cfg = get_preset("turbo").for_run(steps=24)
+    cfg.density.densify_every = 5
+    options = RunOptions(out_dir=tmp_path, progress=False, log=quiet)
+    first = Trainer(scene, cfg, options)
+    for _ in range(7):
+        first.run_step()
+    state = torch.load(checkpoint.save_checkpoint(tmp_path / "ckpt", first.step, first.state_dict()), weights_only=False)
+    state["density"] = {k: v for k, v in state["density"].items() if k != "fade"}
+    resumed = Trainer(scene, cfg, options)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.density_state["fade"], torch.zeros(len(resumed.gaussians)))
+    assert torch.equal(resumed.density_state["blame"], first.density_state["blame"])
+    while resumed.progress() < 1.0:
+        resumed.run_step()
+    assert all(len(value) == len(resumed.gaussians) for value in resumed.density_state.values())
+
+
 def train_args(scene: Path, out: Path, *extra: str):
     return [sys.executable, "-m", "turbogs", "train", str(scene), "--out", str(out), "--preset", "3dgs",
             "--steps", str(STEPS), "--eval", "--seed", "1", "--quiet", "--threads", "1", *extra]
