@@ -9,7 +9,7 @@ code that allocates it:
   (exp_avg, exp_avg_sq, hessian shaped like each parameter, plus row_step and hessian_count,
   one word per row of each of the six parameter tensors);
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
-  turbogs/density/error_driven.py (blame, weight, exposed);
+  turbogs/density/error_driven.py (blame, weight, exposed, fade);
 - the optimizer step's transients (none for fused Adam; six shN-sized tensors in the hybrid);
 - the render step's transients (turbogs/render/__init__.py on the gsplat 1.5.3 kernels): an
   itemised *estimate*, per Gaussian, per (Gaussian, view) and per (Gaussian, tile).
@@ -81,7 +81,7 @@ def persistent_words(sh_degree: int) -> Dict[str, int]:
         "gradients": p,
         "Adam state (exp_avg, exp_avg_sq)": 2 * p,
         "hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)": 3 * p + 2 * rows,
-        "density statistics (vanilla or error-driven)": 3,
+        "density statistics (vanilla 3, error-driven 4)": 4,
     }
 
 
@@ -104,7 +104,7 @@ def persistent_bytes(sh_degree: int, optimizer: str) -> int:
     words = persistent_words(sh_degree)
     state = words["Adam state (exp_avg, exp_avg_sq)"] if optimizer == "adam" else \
         words["hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)"]
-    return (words["parameters"] + words["gradients"] + state + words["density statistics (vanilla or error-driven)"]) * WORD
+    return (words["parameters"] + words["gradients"] + state + words["density statistics (vanilla 3, error-driven 4)"]) * WORD
 
 
 def replicated_bytes(sh_degree: int, optimizer: str, visible: float, tiles: float) -> float:
@@ -138,8 +138,8 @@ def error_memory_bytes(views: int, height: int, width: int, tile: int = 16) -> i
 
 def allreduce_bytes_per_gaussian(sh_degree: int) -> int:
     """Replicated data parallelism: one flat float32 buffer of every gradient, plus the
-    density statistics' per-step contributions (3 words), summed across ranks every step."""
-    return (params_per_gaussian(sh_degree) + 3) * WORD
+    density statistics' per-step contributions (4 words, error-driven), summed across ranks every step."""
+    return (params_per_gaussian(sh_degree) + 4) * WORD
 
 
 def fits(bytes_per_gaussian: float, device_bytes: float) -> float:
