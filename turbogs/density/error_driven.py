@@ -271,7 +271,8 @@ class ErrorDrivenDensity(Strategy):
     @torch.no_grad()
     def observe(self, state: Dict[str, Tensor], step_info: DensityStep) -> Dict[str, Tensor]:
         """One view's blame, weight and exposures (the probe's gradient [N, 2] in
-        step_info.features, required while needs_blame(progress))."""
+        step_info.features, required while needs_blame(progress)), and its fade (the view's
+        opacity gradient)."""
         if not self.needs_blame(step_info.progress):
             return {}
         n = len(step_info.gaussians)
