@@ -5,7 +5,9 @@ poses the renderer used (up to the similarity SfM cannot know); `turbogs train P
 
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import cv2
@@ -217,3 +219,36 @@ def test_the_camera_model_sfm_fits_is_a_choice(photos, capsys, tmp_path):
     assert code == 0, err
     model = colmap.read_model(scene / "sparse" / "0")
     assert {camera.model for camera in model.cameras.values()} == {"PINHOLE"}
+
+
+def torchrun(*args):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "turbogs", *map(str, args)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_run_sfm_once_and_train_on_its_model(photos, tmp_path):
+    """Under torchrun every rank runs `turbogs train PHOTOS/`: rank 0 alone runs the SfM (its log
+    comes once; a rank that ran its own would print it too), the other waits and reads rank 0's
+    model. Both train from it: the trainer compares the ranks' parameters at step CHECKSUM_EVERY,
+    which initial points from two different SfM models would fail."""
+    from turbogs.training.trainer import CHECKSUM_EVERY
+
+    scene = tmp_path / "photos"
+    shutil.copytree(photos[0], scene)
+    done = torchrun("train", scene, "--steps", CHECKSUM_EVERY, "--quiet", "--out", tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("structure from motion on 16 photos") == 1, done.stdout
+    assert done.stdout.count("16 of 16 images registered") == 1 and "x 2 ranks (gloo)" in done.stdout
+    assert done.stdout.count(f"done: {CHECKSUM_EVERY} steps") == 1, done.stdout
+    assert "using the COLMAP model" not in done.stdout  # the waiting rank reads it silently
+    assert [p.name for p in (scene / "sparse").iterdir()] == ["0"]  # one model, no staging left over
+
+    # rank 0's SfM fails: every rank stops, and the reason is said once
+    noise_photos(tmp_path / "noise", 4)
+    done = torchrun("train", tmp_path / "noise", "--steps", 5, "--quiet", "--out", tmp_path / "run2")
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("turbogs train: ")]  # not torchrun's report
+    assert len(ours) == 1 and "SfM registered none of the 4 photos" in ours[0], done.stderr
+    assert not (tmp_path / "noise" / "sparse" / "0").exists()

@@ -4,6 +4,10 @@
   under `out`; then SfM runs with sequential matching. A later run reuses the frames and the model.
 - A folder of photos without a model: SfM writes `sparse/0`; a later run reuses it (`force` reruns).
 - Anything else (a COLMAP capture, transforms.json) is left as it is.
+
+`sfm_here=False` is for the ranks of a torchrun run other than rank 0: rank 0 runs the SfM once and
+they read its model; a model they do not find (a machine without the capture folder rank 0 wrote
+to) is one line, never a second SfM whose model would differ from rank 0's.
 """
 
 from __future__ import annotations
@@ -45,14 +49,22 @@ def needs_capture(path: Path) -> bool:
 
 
 def prepare(path: Path, *, force: bool = False, frames: Optional[int] = None, out: Optional[Path] = None,
-            options: SfmOptions = SfmOptions(), log: Callable[[str], None] = print) -> Prepared:
+            options: SfmOptions = SfmOptions(), log: Callable[[str], None] = print,
+            sfm_here: bool = True) -> Prepared:
     path = Path(path)
     sequential = False
+
+    def missing(what: str) -> InputError:
+        return InputError(f"{path}: no {what}, which rank 0's SfM wrote: every machine of a torchrun run needs the "
+                          "capture folder on a shared file system (or run turbogs sfm first and copy the folder)")
+
     if path.is_file():
         if not is_video(path):
             raise InputError(f"{path} is a file, not a folder of photos or a video ({', '.join(VIDEO_SUFFIXES)})")
         scene = Path(out) if out is not None else path.with_suffix("")
         images_dir = scene / "images"
+        if not sfm_here and not any(images_dir.glob("frame_*.jpg")):
+            raise missing(f"frames in {images_dir}")
         if force or not any(images_dir.glob("frame_*.jpg")):
             if force and images_dir.exists():
                 shutil.rmtree(images_dir)
@@ -70,6 +82,8 @@ def prepare(path: Path, *, force: bool = False, frames: Optional[int] = None, ou
     if model is not None and not force:
         log(f"using the COLMAP model in {model} from an earlier run (turbogs sfm --force runs SfM again)")
         return Prepared(path, images)
+    if not sfm_here:
+        raise missing(f"COLMAP model in {path / 'sparse' / '0'}")
     if sequential and options.matching == "auto":
         options = dataclasses.replace(options, matching="sequential")
     log(f"structure from motion on {len(photos.names)} photos in {photos.images_dir}")

@@ -128,35 +128,65 @@ def run(args: argparse.Namespace) -> int:
 
     from turbogs.distributed import world as distributed
 
-    from_photos(args)
-    out_dir = Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
-    if args.nproc > 1 and not distributed.launched_by_torchrun():
-        from turbogs.distributed.launch import run_ranks, strip_nproc
-        from turbogs.training.checkpoint import checkpoint_dir
+    if not distributed.launched_by_torchrun():
+        from_photos(args)  # under --nproc: here, once, before the ranks start
+        if args.nproc > 1:
+            from turbogs.distributed.launch import run_ranks, strip_nproc
+            from turbogs.training.checkpoint import checkpoint_dir
 
-        return run_ranks(args.nproc, strip_nproc(args.argv), checkpoints=str(checkpoint_dir(out_dir)))
+            return run_ranks(args.nproc, strip_nproc(args.argv), checkpoints=str(checkpoint_dir(out_dir_of(args))))
     device = pick_device(args.device, args.threads)
     world = distributed.join(device.type, timeout_minutes=24 * 60 if args.viewer else 30)
     if world.size > 1 and device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
     try:
-        return train_as_rank(args, world, device, out_dir)
+        if world.size > 1:
+            from_photos_on_ranks(args, world)
+        return train_as_rank(args, world, device, out_dir_of(args))
     finally:
         world.close()
 
 
-def from_photos(args: argparse.Namespace) -> None:
-    """A folder of photos or a video: SfM first (or the model of an earlier run), then train on it.
-    Ranks started by --nproc run this again and find the model the launcher's run wrote."""
+def out_dir_of(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else Path("output") / Path(args.scene).resolve().name
+
+
+def from_photos(args: argparse.Namespace, sfm_here: bool = True, log=print) -> None:
+    """A folder of photos or a video: SfM first (or the model of an earlier run), then train on it."""
     from turbogs.capture.prepare import needs_capture, prepare
     from turbogs.capture.sfm import SfmOptions
 
     if not needs_capture(Path(args.scene)):
         return
-    done = prepare(Path(args.scene), options=SfmOptions(progress=not args.quiet))
+    done = prepare(Path(args.scene), options=SfmOptions(progress=not args.quiet), sfm_here=sfm_here, log=log)
     args.scene = str(done.scene)
     if done.images is not None and args.images == "images":
         args.images = done.images
+
+
+def from_photos_on_ranks(args: argparse.Namespace, world) -> None:
+    """from_photos on several ranks: rank 0 alone runs the SfM (several would race on one folder and
+    could find different cameras) while the others wait, in a group whose wait outlasts a long SfM;
+    then they read its model. A failure on any rank stops every rank, rank 0 saying why once.
+    Under --nproc the launcher ran the SfM already, and said so: rank 0 only finds its model."""
+    import os
+
+    from turbogs.distributed.world import LAUNCHED_BY_TURBOGS
+
+    group = world.waiting_group(minutes=7 * 24 * 60)
+    failure = None
+    if world.is_main:
+        try:
+            from_photos(args, log=(lambda line: None) if os.environ.get(LAUNCHED_BY_TURBOGS) else print)
+        except TurboGSError as exc:
+            failure = exc
+    world.agree(failure, group=group)
+    if not world.is_main:
+        try:
+            from_photos(args, sfm_here=False, log=lambda line: None)
+        except TurboGSError as exc:
+            failure = exc
+    world.agree(failure)
 
 
 def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int:

@@ -113,15 +113,17 @@ class World:
         tensor = torch.tensor(list(values), dtype=torch.float64, device=self._device())
         return [gathered.tolist() for gathered in self.all_gather(tensor)]
 
-    def agree(self, failure: Optional[TurboGSError]) -> None:
+    def agree(self, failure: Optional[TurboGSError], group=None) -> None:
         """After a setup phase every rank went through: raise on every rank if any rank failed.
-        Rank 0 reports the first failure (its own, or "rank r: ..."); the others stop quietly."""
+        Rank 0 reports the first failure (its own, or "rank r: ..."); the others stop quietly.
+        `group`: a process group of `waiting_group`, for a phase longer than the run's timeout."""
         if self.size == 1:
             if failure is not None:
                 raise failure
             return
         errors: List[Optional[str]] = [None] * self.size
-        self._collective(torch.distributed.all_gather_object, errors, None if failure is None else str(failure))
+        self._collective(torch.distributed.all_gather_object, errors, None if failure is None else str(failure),
+                         group=group)
         failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
         if not failed:
             return
@@ -140,6 +142,15 @@ class World:
                        f"rank 0 {gathered[0].tolist()}; a rank computed differently (mixed library versions "
                        "or devices?); the last checkpoint resumes with --resume")
             raise self.stop_all(message)
+
+    def waiting_group(self, minutes: float):
+        """A gloo group of every rank whose collectives wait `minutes` (the run's own wait, 30 min,
+        is for a step; rank 0's SfM on a few hundred photos can take longer). Every rank must
+        create it, before the phase it waits for; None on one process."""
+        if self.size == 1:
+            return None
+        return self._collective(torch.distributed.new_group, backend="gloo",
+                                timeout=datetime.timedelta(minutes=minutes))
 
     def barrier(self) -> None:
         if self.size > 1:
