@@ -34,6 +34,9 @@ renderer. Eight captures, each a few hundred kB:
   (SIFT needs texture that does not repeat). The true world-to-camera poses go beside the folder,
   in `photos_poses.json`, for tests to compare SfM's cameras with; `orbit_frames` gives a denser
   ring of the same scene for a test video.
+- `fisheye_photos`: the `photos` views through an OPENCV_FISHEYE camera of about 137 degrees across
+  the diagonal (FISHEYE_PHOTO_PARAMS, rays bent as for `fisheye`), for SfM with a fisheye model;
+  `fisheye_photos_poses.json` holds the true poses and the camera's parameters.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -79,7 +82,10 @@ FISHEYE_VIEWS = 10
 FISHEYE_RADIUS = 3.2
 PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL = 192, 144, 172.0
 PHOTO_VIEWS = 16
-CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic", "fisheye", "fisheye_json", "photos")
+# An action camera's moderate fisheye on the photos' 192x144 (fx fy cx cy k1 k2 k3 k4): 137 degrees diagonal.
+FISHEYE_PHOTO_PARAMS = (100.0, 100.0, 96.0, 72.0, 0.03, -0.01, 0.004, -0.001)
+CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic", "fisheye", "fisheye_json", "photos",
+            "fisheye_photos")
 TEST_EVERY = 8  # the loader's --eval split: every 8th image in name order is a test view
 PASSER_BY_RADIUS = 0.3
 
@@ -388,16 +394,21 @@ def render_photo(primitives, w2c: np.ndarray) -> np.ndarray:
     return render(primitives, w2c, K, PHOTO_WIDTH, PHOTO_HEIGHT, supersample=1)[0]
 
 
-def make_photos(out_dir: str) -> None:
+def make_photos(out_dir: str, fisheye: bool = False) -> None:
     primitives = speckled_primitives()
     poses = orbit_frames(PHOTO_VIEWS)
     truth = {}
     for k, w2c in enumerate(poses):
         name = f"IMG_{k:04d}.png"
-        write_png(os.path.join(out_dir, name), render_photo(primitives, w2c))
+        if fisheye:
+            rgb = render_fisheye(primitives, w2c, FISHEYE_PHOTO_PARAMS, PHOTO_WIDTH, PHOTO_HEIGHT)
+        else:
+            rgb = render_photo(primitives, w2c)
+        write_png(os.path.join(out_dir, name), rgb)
         truth[name] = w2c.tolist()
+    camera = {"focal": FISHEYE_PHOTO_PARAMS[0], "params": list(FISHEYE_PHOTO_PARAMS)} if fisheye else {"focal": PHOTO_FOCAL}
     with open(os.path.join(os.path.dirname(os.path.abspath(out_dir)), f"{os.path.basename(out_dir)}_poses.json"), "w") as f:
-        json.dump({"focal": PHOTO_FOCAL, "world_to_cam": truth}, f)
+        json.dump({**camera, "world_to_cam": truth}, f)
 
 
 def make_capture(name: str, out_dir: str) -> str:
@@ -406,8 +417,8 @@ def make_capture(name: str, out_dir: str) -> str:
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
-    elif name == "photos":
-        make_photos(folder)
+    elif name in ("photos", "fisheye_photos"):
+        make_photos(folder, fisheye=name == "fisheye_photos")
     elif name in ("fisheye", "fisheye_json"):
         make_fisheye(folder, as_json=name == "fisheye_json")
     elif name in ("forward", "forward_points", "exposure", "masks"):
