@@ -37,6 +37,8 @@ renderer. Eight captures, each a few hundred kB:
 - `fisheye_photos`: the `photos` views through an OPENCV_FISHEYE camera of about 137 degrees across
   the diagonal (FISHEYE_PHOTO_PARAMS, rays bent as for `fisheye`), for SfM with a fisheye model;
   `fisheye_photos_poses.json` holds the true poses and the camera's parameters.
+- `mixed_photos`: the `photos` ring, every other view at 160x120 (the same field of view), under
+  scrambled names: one camera per photo, where COLMAP's first mapping pass leaves photos out.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -85,7 +87,7 @@ PHOTO_VIEWS = 16
 # An action camera's moderate fisheye on the photos' 192x144 (fx fy cx cy k1 k2 k3 k4): 137 degrees diagonal.
 FISHEYE_PHOTO_PARAMS = (100.0, 100.0, 96.0, 72.0, 0.03, -0.01, 0.004, -0.001)
 CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic", "fisheye", "fisheye_json", "photos",
-            "fisheye_photos")
+            "fisheye_photos", "mixed_photos")
 TEST_EVERY = 8  # the loader's --eval split: every 8th image in name order is a test view
 PASSER_BY_RADIUS = 0.3
 
@@ -411,12 +413,26 @@ def make_photos(out_dir: str, fisheye: bool = False) -> None:
         json.dump({**camera, "world_to_cam": truth}, f)
 
 
+def make_mixed_photos(out_dir: str, views: int = PHOTO_VIEWS, small=(160, 120)) -> None:
+    """`views` photos on the `photos` ring; with `small`, every other one at that size (its focal
+    length scaled with the width); names scrambled (view k is view_{7k mod views})."""
+    os.makedirs(out_dir, exist_ok=True)
+    primitives = speckled_primitives()
+    for k, w2c in enumerate(orbit_frames(views)):
+        width, height = small if small and k % 2 else (PHOTO_WIDTH, PHOTO_HEIGHT)
+        K = intrinsics(width, height, PHOTO_FOCAL * width / PHOTO_WIDTH)
+        write_png(os.path.join(out_dir, f"view_{(k * 7) % views:03d}.png"),
+                  render(primitives, w2c, K, width, height, supersample=1)[0])
+
+
 def make_capture(name: str, out_dir: str) -> str:
     """Write capture `name` into out_dir/name; returns that folder."""
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
     if name == "synthetic":
         make_synthetic(folder)
+    elif name == "mixed_photos":
+        make_mixed_photos(folder)
     elif name in ("photos", "fisheye_photos"):
         make_photos(folder, fisheye=name == "fisheye_photos")
     elif name in ("fisheye", "fisheye_json"):

@@ -293,3 +293,43 @@ def test_fisheye_photos_through_sfm_and_undistorted_on_load(capsys, tmp_path):
         seen, _ = captures.render(primitives, in_truth, view.K.double().numpy(), view.width, view.height, supersample=1)
         error = float(((blur(view.image.numpy()) - blur(seen)) ** 2).mean())
         assert -10 * np.log10(error) > 24.0, view.name
+
+
+def test_a_second_mapping_pass_registers_the_photos_the_first_left_out(capsys, tmp_path):
+    """One camera per photo (every other photo smaller): COLMAP's first mapping pass registered 8 of
+    the 16 in each of 3 runs; `turbogs sfm` then continues the model over the 8 left out with
+    relaxed registration (sfm.RETRY_MAPPER), which registered 15-16 in 3 runs. Without the second
+    pass the same photos stay far short."""
+    from turbogs.capture.sfm import SfmOptions, run_sfm
+    from turbogs.capture.summary import SfmTooFew
+
+    folder = captures.make_capture("mixed_photos", str(tmp_path))
+    code, out, err = run_cli(capsys, "sfm", folder, "--quiet")
+    assert code == 0, err
+    stats = json.loads((tmp_path / "mixed_photos" / "sparse" / "0" / "turbogs_sfm.json").read_text())
+    assert stats["camera_mode"] == "PER_IMAGE" and stats["registered"] >= 14 and stats["retried"] > 0, stats
+    assert f"the second mapping pass registered {stats['retried']} of the images the first left out" in out
+    model = colmap.read_model(tmp_path / "mixed_photos" / "sparse" / "0")
+    assert {(c.width, c.height) for c in model.cameras.values()} == {(192, 144), (160, 120)}
+
+    shutil.rmtree(tmp_path / "mixed_photos" / "sparse")
+    try:
+        once = run_sfm(find_photos(folder), SfmOptions(progress=False, retry=False), log=lambda _: None)
+    except SfmTooFew as exc:
+        once = exc.summary
+    assert once.registered <= stats["registered"] - 3 and once.retried == 0
+
+
+def test_thorough_registers_photos_of_little_overlap(capsys, tmp_path):
+    """10 photos 36 degrees apart on the ring: the default settings registered none (3 runs), and
+    say to try --thorough; guided matching with twice the features, then the second pass,
+    registered 8 of 10 (3 runs)."""
+    folder = tmp_path / "ring10"
+    captures.make_mixed_photos(str(folder), 10, None)
+    code, _, err = run_cli(capsys, "sfm", folder, "--quiet")
+    assert code == 2 and err.count("\n") == 1 and "SfM registered none of the 10" in err and "--thorough" in err, err
+    code, out, err = run_cli(capsys, "sfm", folder, "--quiet", "--thorough")
+    assert code == 0, err
+    stats = json.loads((folder / "sparse" / "0" / "turbogs_sfm.json").read_text())
+    assert stats["registered"] >= 7 and stats["thorough"], stats
+    assert "--thorough may register more" not in out  # the hint is for runs without it

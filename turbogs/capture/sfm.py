@@ -61,6 +61,29 @@ class SfmOptions:
     max_image_size: int = MAX_IMAGE_SIZE
     progress: bool = True
     camera_model: str = "SIMPLE_RADIAL"
+    retry: bool = True  # a second mapping pass over the photos the first left out (see RETRY_MAPPER)
+    guided_matching: bool = False
+    max_num_features: int = 8192  # COLMAP's default
+    num_threads: int = -1  # COLMAP's: every core
+
+    @property
+    def thorough(self) -> bool:
+        return self.guided_matching and self.max_num_features >= THOROUGH_FEATURES
+
+    @classmethod
+    def make(cls, thorough: bool = False, **fields) -> "SfmOptions":
+        """`turbogs sfm --thorough`: guided matching and THOROUGH_FEATURES SIFT features."""
+        if thorough:
+            fields.update(guided_matching=True, max_num_features=THOROUGH_FEATURES)
+        return cls(**fields)
+
+
+# The second mapping pass over the photos the first left out: it continues the largest model and
+# registers a photo on fewer 2D-3D inliers than COLMAP's first pass asks (30, ratio 0.25), trying each
+# photo more often. It runs only when photos were left out, and costs a mapping pass.
+RETRY_MAPPER = {"abs_pose_min_num_inliers": 15, "abs_pose_min_inlier_ratio": 0.15, "max_reg_trials": 6}
+THOROUGH_FEATURES = 16384  # twice COLMAP's default, with guided matching: turbogs sfm --thorough
+RETRY_MIN_NUM_MATCHES = 10  # COLMAP's 15: pairs with fewer verified matches are not used
 
 
 def import_pycolmap():
@@ -85,6 +108,12 @@ def pair_count(kind: str, n: int) -> int:
     if kind == "exhaustive":
         return n * (n - 1) // 2
     return sum(min(SEQUENTIAL_OVERLAP, n - 1 - i) for i in range(n))
+
+
+# How often a bar reads COLMAP's database. Rarely, and never without a bar: a read can meet COLMAP's
+# own write, and COLMAP, which sets no busy timeout, aborts the process on "database is locked" (seen
+# once in about 15 feature extractions of benchmarks/sfm_unordered.py, polled every 0.25 s).
+POLL_SECONDS = 1.0
 
 
 def _count_rows(database: Path, table: str) -> Optional[int]:
@@ -113,7 +142,9 @@ def _phase(name: str, total: int, unit: str, work: Callable[[], None], database:
     with tqdm(total=total, desc=name, unit=unit, disable=not progress, leave=True) as bar:
         thread.start()
         while thread.is_alive():
-            thread.join(0.25)
+            thread.join(POLL_SECONDS)
+            if not progress:
+                continue
             done = _count_rows(database, table)
             if done is not None and done > bar.n:
                 bar.update(min(done, total) - bar.n)
@@ -133,11 +164,16 @@ def run_sfm(folder: PhotoFolder, options: SfmOptions = SfmOptions(), log: Callab
     n = len(folder.names)
     mode = camera_mode(folder, lambda path: _describe(pycolmap, path))
     kind = matching_kind(options, n)
-    summary = SfmSummary(total_images=n, matching=kind, camera_mode=mode)
+    summary = SfmSummary(total_images=n, matching=kind, camera_mode=mode, thorough=options.thorough)
     with tempfile.TemporaryDirectory(prefix="turbogs-sfm-") as work:
         database = Path(work) / "database.db"
         extraction = pycolmap.FeatureExtractionOptions()
         extraction.max_image_size = options.max_image_size
+        extraction.num_threads = options.num_threads
+        extraction.sift.max_num_features = options.max_num_features
+        matching = pycolmap.FeatureMatchingOptions()
+        matching.num_threads = options.num_threads
+        matching.guided_matching = options.guided_matching
         reader = pycolmap.ImageReaderOptions()
         reader.camera_model = options.camera_model
         summary.seconds["features"] = _phase(
@@ -149,18 +185,24 @@ def run_sfm(folder: PhotoFolder, options: SfmOptions = SfmOptions(), log: Callab
         if options.camera_model in FISHEYE_MODELS:
             fisheye_focal_prior(pycolmap, database)
         if kind == "exhaustive":
-            match = lambda: pycolmap.match_exhaustive(database, device=device)  # noqa: E731
+            match = lambda: pycolmap.match_exhaustive(database, matching_options=matching, device=device)  # noqa: E731
         else:
             pairing = pycolmap.SequentialPairingOptions()
             pairing.overlap = SEQUENTIAL_OVERLAP
             pairing.quadratic_overlap = False
-            match = lambda: pycolmap.match_sequential(database, pairing_options=pairing, device=device)  # noqa: E731
+            match = lambda: pycolmap.match_sequential(database, matching_options=matching, pairing_options=pairing,  # noqa: E731
+                                                      device=device)
         summary.seconds["matching"] = _phase("matching", pair_count(kind, n), "pair", match, database,
                                              "two_view_geometries", options.progress)
-        models, summary.seconds["mapping"] = _map(pycolmap, database, folder, Path(work) / "models", options.progress)
+        models, summary.seconds["mapping"] = _map(pycolmap, database, folder, Path(work) / "models", options)
+        first = max((r.num_reg_images() for r in models.values()), default=0)
+        if options.retry and 0 < first < n:
+            models, summary.seconds["retry"] = _retry(pycolmap, database, folder, Path(work), models, options)
+            summary.retried = max(r.num_reg_images() for r in models.values()) - first
     if not models:
+        more = "" if options.thorough else "; turbogs sfm --thorough may still find them"
         raise InputError(f"{folder.images_dir}: SfM registered none of the {n} photos: they do not overlap enough "
-                         "(take photos a few steps apart, each sharing most of the view with the next)")
+                         f"(take photos a few steps apart, each sharing most of the view with the next){more}")
     best = max(models.values(), key=lambda r: r.num_reg_images())
     summary.models = sorted((r.num_reg_images() for r in models.values()), reverse=True)
     summary.registered = best.num_reg_images()
@@ -202,14 +244,20 @@ def _describe(pycolmap, path: Path):
     return camera.width, camera.height, camera.has_prior_focal_length, tuple(round(p, 3) for p in camera.params)
 
 
-def _map(pycolmap, database: Path, folder: PhotoFolder, out: Path, progress: bool):
+def _mapping_options(pycolmap, options: SfmOptions):
+    mapping = pycolmap.IncrementalPipelineOptions()
+    mapping.min_model_size = MIN_REGISTERED  # COLMAP's default (10) would drop a small capture whole
+    mapping.num_threads = options.num_threads
+    return mapping
+
+
+def _map(pycolmap, database: Path, folder: PhotoFolder, out: Path, options: SfmOptions):
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
-    mapping = pycolmap.IncrementalPipelineOptions()
-    mapping.min_model_size = MIN_REGISTERED  # COLMAP's default (10) would drop a small capture whole
+    mapping = _mapping_options(pycolmap, options)
     start = time.perf_counter()
-    with tqdm(total=len(folder.names), desc="mapping", unit="img", disable=not progress) as bar:
+    with tqdm(total=len(folder.names), desc="mapping", unit="img", disable=not options.progress) as bar:
         def next_image():
             bar.update(1)
 
@@ -220,6 +268,38 @@ def _map(pycolmap, database: Path, folder: PhotoFolder, out: Path, progress: boo
         bar.n = min(registered, bar.total)
         bar.refresh()
     return models, time.perf_counter() - start
+
+
+def retry_options(pycolmap, options: SfmOptions):
+    """The second pass's mapping options: RETRY_MAPPER and RETRY_MIN_NUM_MATCHES over the first's."""
+    mapping = _mapping_options(pycolmap, options)
+    mapping.min_num_matches = RETRY_MIN_NUM_MATCHES
+    for name, value in RETRY_MAPPER.items():
+        setattr(mapping.mapper, name, value)
+    return mapping
+
+
+def _retry(pycolmap, database: Path, folder: PhotoFolder, work: Path, models: dict, options: SfmOptions):
+    """Continue the largest model over the photos it left out (retry_options); the models to keep
+    (the first pass's when the second registers no more) and the seconds it took."""
+    from tqdm import tqdm
+
+    key, best = max(models.items(), key=lambda item: item[1].num_reg_images())
+    start_dir, out = work / "retry_in", work / "retry"
+    start_dir.mkdir()
+    out.mkdir()
+    best.write_binary(str(start_dir))
+    start = time.perf_counter()
+    with tqdm(total=len(folder.names), initial=best.num_reg_images(), desc="second mapping pass", unit="img",
+              disable=not options.progress) as bar:
+        again = pycolmap.incremental_mapping(database, folder.images_dir, out, options=retry_options(pycolmap, options),
+                                             input_path=start_dir, next_image_callback=lambda: bar.update(1))
+        bar.n = min(max((r.num_reg_images() for r in again.values()), default=0), bar.total)
+        bar.refresh()
+    seconds = time.perf_counter() - start
+    if max((r.num_reg_images() for r in again.values()), default=0) <= best.num_reg_images():
+        return models, seconds
+    return {**{k: r for k, r in models.items() if k != key}, **{-1 - k: r for k, r in again.items()}}, seconds
 
 
 def write_model(reconstruction, scene: Path) -> Path:

@@ -9,8 +9,17 @@ from typing import Dict, List
 
 from turbogs.errors import InputError
 
+THOROUGH = "turbogs sfm --force --thorough may register more of them (guided matching, more features; slower)"
 TRY = ("try more photos with more overlap (each sharing most of the view with the next), "
        "sharper photos, or fewer moving objects")
+
+
+class SfmTooFew(InputError):
+    """Too few images registered; the summary rides along for scripts that tabulate it."""
+
+    def __init__(self, summary: "SfmSummary", message: str):
+        super().__init__(message)
+        self.summary = summary
 
 
 @dataclass
@@ -23,6 +32,8 @@ class SfmSummary:
     reprojection_error: float = float("nan")
     models: List[int] = field(default_factory=list)  # images registered in each model, largest first
     seconds: Dict[str, float] = field(default_factory=dict)  # per phase
+    retried: int = 0  # images the second mapping pass registered
+    thorough: bool = False  # guided matching and more features (turbogs sfm --thorough) were on
 
     @property
     def left_out(self) -> int:
@@ -33,8 +44,9 @@ class SfmSummary:
         if self.registered < min_registered or 2 * self.registered < self.total_images:
             split = f" (the mapping split into {len(self.models)} models of {self.models} images)" \
                 if len(self.models) > 1 else ""
-            raise InputError(f"{where}: SfM registered only {self.registered} of {self.total_images} photos{split}; "
-                             + TRY)
+            more = "" if self.thorough else "turbogs sfm --force --thorough, or "
+            raise SfmTooFew(self, f"{where}: SfM registered only {self.registered} of {self.total_images} photos{split}; "
+                                  + more + TRY)
 
     def lines(self) -> List[str]:
         times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
@@ -42,14 +54,19 @@ class SfmSummary:
         out = [f"SfM: {self.registered} of {self.total_images} images registered, {self.points} points, "
                f"mean reprojection error {self.reprojection_error:.2f} px ({self.matching} matching, {cameras}; "
                f"{times})"]
+        if self.retried:
+            out.append(f"the second mapping pass registered {self.retried} of the images the first left out")
         if len(self.models) > 1:
             out.append(f"the mapping split into {len(self.models)} models ({', '.join(map(str, self.models))} images); "
                        f"kept the largest: {self.left_out} images left out")
         elif self.left_out:
             out.append(f"{self.left_out} images could not be registered and are left out")
+        if self.left_out and not self.thorough:
+            out.append(THOROUGH)
         return out
 
     def to_dict(self) -> dict:
         return {"total_images": self.total_images, "registered": self.registered, "points": self.points,
                 "mean_reprojection_error": self.reprojection_error, "models": self.models,
-                "matching": self.matching, "camera_mode": self.camera_mode, "seconds": self.seconds}
+                "matching": self.matching, "camera_mode": self.camera_mode, "seconds": self.seconds,
+                "retried": self.retried, "thorough": self.thorough}

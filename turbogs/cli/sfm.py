@@ -32,6 +32,9 @@ def add_parser(subcommands) -> None:
     p.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
                    help="the COLMAP camera model SfM fits (default SIMPLE_RADIAL, for phone photos; OPENCV_FISHEYE "
                         "and the other fisheye models for action cameras); training undistorts it on load")
+    p.add_argument("--thorough", action="store_true",
+                   help="guided matching and twice the SIFT features (16384): registers more of sparse or unordered "
+                        "photos, at several times the matching time")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -40,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from turbogs.capture.prepare import prepare
     from turbogs.capture.sfm import SfmOptions
 
-    options = SfmOptions(matching=args.matching, max_image_size=args.max_image_size, progress=not args.quiet,
-                         camera_model=args.camera_model)
+    options = SfmOptions.make(args.thorough, matching=args.matching, max_image_size=args.max_image_size,
+                              progress=not args.quiet, camera_model=args.camera_model)
     done = prepare(Path(args.photos), force=args.force, frames=args.frames, out=Path(args.out) if args.out else None,
                    options=options)
     print(f"train it: turbogs train {done.scene}")
