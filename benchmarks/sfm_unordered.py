@@ -64,19 +64,26 @@ def make_captures(root: Path, fox: Path, test_colmap: Path) -> dict:
     scenes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(scenes)
     made = {}
-    fox_photos = sorted((fox / "images").iterdir())
-    colmap_photos = sorted((test_colmap / "images").iterdir())
-    plans = {
-        "fox_4th": lambda f: copy_shuffled(fox_photos[::4], f, 1),
-        "fox_3rd_mixed": lambda f: copy_shuffled(fox_photos[::3], f, 2, 0.7),
-        "fox_6th": lambda f: copy_shuffled(fox_photos[::6], f, 5),
-        "colmap_2nd": lambda f: copy_shuffled(colmap_photos[::2], f, 3),
-        "colmap_3rd": lambda f: copy_shuffled(colmap_photos[::3], f, 4),
-        "colmap_3rd_b": lambda f: copy_shuffled(colmap_photos[1::3], f, 6),
-        "colmap_3rd_c": lambda f: copy_shuffled(colmap_photos[2::3], f, 7),
+    plans = {}
+    if fox is not None:
+        fox_photos = sorted((fox / "images").iterdir())
+        plans.update({
+            "fox_4th": lambda f: copy_shuffled(fox_photos[::4], f, 1),
+            "fox_3rd_mixed": lambda f: copy_shuffled(fox_photos[::3], f, 2, 0.7),
+            "fox_6th": lambda f: copy_shuffled(fox_photos[::6], f, 5),
+        })
+    if test_colmap is not None:
+        colmap_photos = sorted((test_colmap / "images").iterdir())
+        plans.update({
+            "colmap_2nd": lambda f: copy_shuffled(colmap_photos[::2], f, 3),
+            "colmap_3rd": lambda f: copy_shuffled(colmap_photos[::3], f, 4),
+            "colmap_3rd_b": lambda f: copy_shuffled(colmap_photos[1::3], f, 6),
+            "colmap_3rd_c": lambda f: copy_shuffled(colmap_photos[2::3], f, 7),
+        })
+    plans.update({
         "orbit_10": lambda f: scenes.make_mixed_photos(str(f), 10, None),
         "orbit_mixed": lambda f: scenes.make_mixed_photos(str(f)),
-    }
+    })
     for name, plan in plans.items():
         folder = root / name
         if not folder.is_dir():
@@ -112,8 +119,8 @@ def run(folder: Path, variant: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captures", type=Path, required=True, help="folder for the captures (made once)")
-    parser.add_argument("--fox", type=Path, required=True, help="instant-ngp's data/nerf/fox (images/)")
-    parser.add_argument("--test-colmap", type=Path, required=True, help="the test_colmap capture (images/)")
+    parser.add_argument("--fox", type=Path, help="instant-ngp's data/nerf/fox (images/); without it, no fox captures")
+    parser.add_argument("--test-colmap", type=Path, help="the test_colmap capture (images/); without it, none of it")
     parser.add_argument("--only", nargs="*", help="captures to run (default: all)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--json", type=Path, help="also write the figures here")

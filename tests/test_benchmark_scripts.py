@@ -30,7 +30,7 @@ def run_script(name, *args, timeout=240):
 def test_every_script_is_listed_here():
     assert set(SCRIPTS) == {"ablation.py", "antialias.py", "capture_kinds.py", "config_variants.py", "cpu_native_step.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
                             "memory_per_gaussian.py", "preemption.py", "profile_cpu_step.py", "refactor_identity.py", "scaling_cpu.py",
-                            "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
+                            "sfm_unordered.py", "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here"
 
 
@@ -56,6 +56,7 @@ def test_every_script_answers_help(name):
     ("capture_kinds.py", ["--captures", "{tmp}", "--only", "demo", "--steps", "3", "--budget", "1", "--out",
                           "{tmp}/kinds.md"]),
     ("config_variants.py", [DEMO, "turbo", "3", "density.opacity_decay=0.5", "seed=1"]),
+    ("sfm_unordered.py", ["--captures", "{tmp}", "--only", "orbit_mixed", "--variants", "default", "retry"]),
     ("density_mcmc.py", ["--scene", f"demo={DEMO}:cap=3100", "--budget-seconds", "1", "--variants", "error", "mcmc",
                          "--out", "{tmp}"]),
 ])
