@@ -409,7 +409,8 @@ def make_photos(out_dir: str, fisheye: bool = False) -> None:
         write_png(os.path.join(out_dir, name), rgb)
         truth[name] = w2c.tolist()
     camera = {"focal": FISHEYE_PHOTO_PARAMS[0], "params": list(FISHEYE_PHOTO_PARAMS)} if fisheye else {"focal": PHOTO_FOCAL}
-    with open(os.path.join(os.path.dirname(os.path.abspath(out_dir)), f"{os.path.basename(out_dir)}_poses.json"), "w") as f:
+    truth_path = os.path.join(os.path.dirname(os.path.abspath(out_dir)), f"{os.path.basename(out_dir)}_poses.json")
+    with open(truth_path, "w") as f:
         json.dump({**camera, "world_to_cam": truth}, f)
 
 

@@ -333,3 +333,19 @@ def test_thorough_registers_photos_of_little_overlap(capsys, tmp_path):
     stats = json.loads((folder / "sparse" / "0" / "turbogs_sfm.json").read_text())
     assert stats["registered"] >= 7 and stats["thorough"], stats
     assert "--thorough may register more" not in out  # the hint is for runs without it
+
+
+def test_a_waiting_rank_never_runs_sfm_itself(photos, tmp_path):
+    """prepare(sfm_here=False), what torchrun's ranks other than 0 run after rank 0's SfM: where the
+    model (or a video's frames) is missing, as on a machine that does not share the folder, it is one
+    line naming the shared file system, and no SfM runs."""
+    from turbogs.capture.prepare import prepare
+
+    scene = tmp_path / "photos"
+    shutil.copytree(photos[0], scene)
+    with pytest.raises(InputError, match=r"no COLMAP model in .*sparse/0, which rank 0's SfM wrote.*shared file"):
+        prepare(scene, sfm_here=False, log=lambda _: None)
+    assert not (scene / "sparse").exists()
+    (tmp_path / "clip.mp4").write_bytes(b"")
+    with pytest.raises(InputError, match=r"no frames in .*clip/images, which rank 0's SfM wrote"):
+        prepare(tmp_path / "clip.mp4", sfm_here=False, log=lambda _: None)

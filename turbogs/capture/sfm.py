@@ -190,8 +190,8 @@ def run_sfm(folder: PhotoFolder, options: SfmOptions = SfmOptions(), log: Callab
             pairing = pycolmap.SequentialPairingOptions()
             pairing.overlap = SEQUENTIAL_OVERLAP
             pairing.quadratic_overlap = False
-            match = lambda: pycolmap.match_sequential(database, matching_options=matching, pairing_options=pairing,  # noqa: E731
-                                                      device=device)
+            match = lambda: pycolmap.match_sequential(  # noqa: E731
+                database, matching_options=matching, pairing_options=pairing, device=device)
         summary.seconds["matching"] = _phase("matching", pair_count(kind, n), "pair", match, database,
                                              "two_view_geometries", options.progress)
         models, summary.seconds["mapping"] = _map(pycolmap, database, folder, Path(work) / "models", options)

@@ -45,8 +45,8 @@ class SfmSummary:
             split = f" (the mapping split into {len(self.models)} models of {self.models} images)" \
                 if len(self.models) > 1 else ""
             more = "" if self.thorough else "turbogs sfm --force --thorough, or "
-            raise SfmTooFew(self, f"{where}: SfM registered only {self.registered} of {self.total_images} photos{split}; "
-                                  + more + TRY)
+            raise SfmTooFew(self, f"{where}: SfM registered only {self.registered} of {self.total_images} "
+                                  f"photos{split}; " + more + TRY)
 
     def lines(self) -> List[str]:
         times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
