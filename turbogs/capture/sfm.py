@@ -299,7 +299,16 @@ def _retry(pycolmap, database: Path, folder: PhotoFolder, work: Path, models: di
     seconds = time.perf_counter() - start
     if max((r.num_reg_images() for r in again.values()), default=0) <= best.num_reg_images():
         return models, seconds
-    return {**{k: r for k, r in models.items() if k != key}, **{-1 - k: r for k, r in again.items()}}, seconds
+    # The first pass's other models stay only where they hold photos the second did not register (the
+    # summary's "split into N models" counts them): otherwise the split is what the second pass mended.
+    kept = {-1 - k: r for k, r in again.items()}
+    registered = set().union(*(_names(r) for r in kept.values()))
+    kept.update({k: r for k, r in models.items() if k != key and not _names(r) <= registered})
+    return kept, seconds
+
+
+def _names(reconstruction) -> set:
+    return {reconstruction.images[i].name for i in reconstruction.reg_image_ids()}
 
 
 def write_model(reconstruction, scene: Path) -> Path:
