@@ -32,6 +32,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -110,17 +111,21 @@ def pair_count(kind: str, n: int) -> int:
     return sum(min(SEQUENTIAL_OVERLAP, n - 1 - i) for i in range(n))
 
 
-# How often a bar reads COLMAP's database. Rarely, and never without a bar: a read can meet COLMAP's
-# own write, and COLMAP, which sets no busy timeout, aborts the process on "database is locked" (seen
-# once in about 15 feature extractions of benchmarks/sfm_unordered.py, polled every 0.25 s).
+# How often a bar reads COLMAP's database (once a second is enough for a bar). The read takes no lock
+# (_count_rows): COLMAP sets no busy timeout and aborted the process on "database is locked" when a
+# locking read met its commit (a third to a half of the extractions with fast polling, once in about
+# 15 at 0.25 s; tests/test_capture.py hammers the read to keep it that way).
 POLL_SECONDS = 1.0
 
 
 def _count_rows(database: Path, table: str) -> Optional[int]:
     try:
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=0.2) as db:
+        # immutable=1: no file locks at all. A reader's shared lock, held at the instant COLMAP
+        # commits, made COLMAP (which sets no busy timeout) abort on "database is locked"; a
+        # lock-free read can at worst see a half-written page, an error here, a skipped tick.
+        with closing(sqlite3.connect(f"file:{database}?mode=ro&immutable=1", uri=True)) as db:
             return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-    except sqlite3.Error:  # not created yet, or locked by COLMAP's writer this instant
+    except sqlite3.Error:  # not created yet, or caught mid-write
         return None
 
 
