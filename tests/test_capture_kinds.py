@@ -69,8 +69,8 @@ KINDS = {
     "demo": (False, 2.9, 18.0),  # COLMAP with points: -1.02 / -1.44; 28.65 / 27.24 dB in 100 s
     "forward_points": (False, 2.4, 23.0),  # transforms.json + points: -1.20 / -1.38
     "masks": (False, 3.0, 23.0),  # passers-by masked out: -1.96 / -1.57; 29.61 dB in 100 s
-    "forward": (False, 2.8, 17.5),  # forward-facing, no points: -0.76 / -1.43; 29.25 dB in 100 s
-    "synthetic": (True, 0.5, 13.5),  # an object on white, no points: +0.80 / +0.78; 22.78 / 22.87 dB in 100 s
+    "forward": (False, 2.8, 17.5),  # forward-facing, no points: -0.53 / -1.25 (hidden_from); 29.25 dB in 100 s
+    "synthetic": (True, 0.5, 13.5),  # an object on white, no points: +0.67 / +0.05 (hidden_from); 22.78-22.87 in 100 s
     "exposure": (False, 0.5, 11.5),  # photos with different exposures: -0.14 / -0.02
 }
 

@@ -85,6 +85,8 @@ def reference_error(strategy, state, gaussians, optimizers, extent, progress):
     low_opacity = gaussians.opacities.detach() < cfg.prune_opacity
     tiny = max_scale < cfg.prune_min_scale * extent
     hidden = (exposed >= cfg.hidden_min_exposures) & (state["weight"] < cfg.hidden_weight * exposed)
+    if progress < cfg.hidden_from:  # hidden pruning waits for the dense phase
+        hidden = torch.zeros_like(hidden)
     prune = low_opacity | tiny | hidden
     score = state["blame"] / exposed.clamp_min(1)
     seen = (exposed > 0) & ~prune

@@ -382,6 +382,24 @@ def test_pruning_by_opacity_size_and_hidden():
     assert stats["n_cloned"] == stats["n_split"] == 0  # no blame, no growth
 
 
+def test_hidden_pruning_waits_for_the_dense_phase():
+    """Early on, a Gaussian behind others has little weight only because the ones in front have not
+    faded yet: before hidden_from the hidden rule keeps it (opacity pruning does not wait)."""
+    cfg = ErrorDensityConfig(hidden_weight=0.01, hidden_min_exposures=5, max_gaussians=100, hidden_from=0.2,
+                             opacity_decay=1.0)
+    pruned = {}
+    for progress in (0.1, 0.2):
+        gaussians = make_gaussians([SMALL] * 3, [0.5, 0.5, 0.001])
+        strategy = ErrorDrivenDensity(cfg)
+        state = strategy.initial_state(3)
+        #                         normal hidden opacity
+        state.update(hand_state(3, [0.0] * 3, [5.0, 0.05, 5.0], [10.0, 10.0, 10.0]))
+        stats = strategy.densify_and_prune(state, gaussians, make_optimizers(gaussians), 1.0, progress=progress)
+        pruned[progress] = (stats["n_pruned_hidden"], stats["n_pruned_opacity"], ids(gaussians))
+    assert pruned[0.1] == (0, 1, [0, 1])
+    assert pruned[0.2] == (1, 1, [0])
+
+
 @pytest.mark.parametrize("split_into", [2, 3])
 def test_budget_cap_holds_at_every_progress(split_into):
     cfg = ErrorDensityConfig(densify_from=0.1, budget_full_at=0.6, max_gaussians=60, grow_ratio=0.0,
@@ -540,6 +558,7 @@ def test_a_floater_the_loss_does_not_hold_is_pruned_within_a_short_runs_window()
         {"opacity_decay": 1.5},
         {"opacity_decay_from": 1.5},
         {"hidden_weight": -1.0},
+        {"hidden_from": 1.5},
     ],
 )
 def test_bad_config_raises_input_error(kwargs):
