@@ -355,6 +355,42 @@ def test_opacity_reset_fires_on_schedule_and_caps_at_one_percent():
     assert reset_steps == [30, 60, 90]  # and none at or after densify_until
 
 
+def schedule_of(cfg, run_steps):
+    """The steps at which a run of `run_steps` steps densifies and resets, with the progress the
+    trainer passes (the fraction done before the step)."""
+    strategy = VanillaDensity(cfg)
+    g = make_gaussians(5, opacities=torch.full((5,), 0.5))
+    opts, state, visible = make_optimizers(g), strategy.initial_state(5), torch.ones(5, dtype=torch.bool)
+    densified, resets = [], []
+    for step in range(1, run_steps + 1):
+        stats = after_backward(strategy, state, step, g, opts, fake_render(torch.zeros(5, 2), visible), 32, 32,
+                               10.0, progress=(step - 1) / run_steps)
+        densified += [step] if stats["densified"] else []
+        resets += [step] if stats["opacity_reset"] else []
+    return densified, resets
+
+
+def test_a_time_budget_run_follows_its_progress_through_inrias_schedule():
+    """A budget run's step count is unknown beforehand, so its schedule is INRIA's 30k steps
+    scaled by progress: over a run that makes 4000 steps, a reset every tenth and the window
+    closed at half. Counted in raw steps, the first reset came at step 3000 and the window
+    never closed (the budget run collapsed to 11-16 dB)."""
+    by_progress = VanillaDensityConfig().scaled(30_000, by_progress=True)
+    densified, resets = schedule_of(by_progress, 4000)
+    assert resets == [401, 801, 1201, 1601]  # position 7.5 x (step - 1) passes 3000, 6000, ...
+    assert densified == list(range(100, 2001, 100))  # the position passes 500 at step 68, 15000 after 2000
+    densified, resets = schedule_of(VanillaDensityConfig().scaled(30_000), 4000)
+    assert resets == [3000] and densified[-1] == 4000  # the step-counted schedule of a 30k-step run
+    # A short budget run: a crossing every 100 steps, but resets no closer than 3 densifications.
+    densified, resets = schedule_of(by_progress, 1000)
+    assert resets == [301] and densified == list(range(100, 501, 100))
+
+    from turbogs.training.config import get_preset
+    for preset in ("3dgs", "turbo+density-3dgs"):
+        assert get_preset(preset).for_run(None, 100.0).density.by_progress
+        assert not get_preset(preset).for_run(500, None).density.by_progress
+
+
 def test_max_gaussians_cap_grows_only_the_highest_gradients():
     log_scales = torch.log(torch.tensor([0.05] * 5 + [0.5] * 5))[:, None].repeat(1, 3)
     g = make_gaussians(10, log_scales=log_scales, opacities=torch.full((10,), 0.5))

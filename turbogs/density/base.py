@@ -158,8 +158,9 @@ class DensityConfig:
     def build(self) -> Strategy:
         raise NotImplementedError
 
-    def scaled(self, total_steps: int) -> "DensityConfig":
-        """These settings for a run of `total_steps`; schedules by progress need no change."""
+    def scaled(self, total_steps: int, by_progress: bool = False) -> "DensityConfig":
+        """These settings for a run of `total_steps` (with a time budget, `by_progress`: its most
+        steps); schedules by progress need no change."""
         return self
 
     def per_views(self, views_per_step: int) -> "DensityConfig":

@@ -15,6 +15,13 @@ remove the Gaussians the following steps do not make opaque again (floaters).
 
 Step convention (INRIA's): `step` is the 1-based number of the step whose backward
 pass just ran. The hooks and their order: turbogs/density/base.py.
+
+A run with a time budget does not know its step count beforehand, so there the window and
+the resets follow the run's progress instead (`by_progress`): the schedule's position is
+progress x `schedule_steps`, and a reset comes when the position passes a multiple of
+`opacity_reset_every`. Counted in raw steps, INRIA's 30k-step schedule put the first reset
+at step 3000 of a 3.5k-step run and never closed the window (issue 32's collapse to 11 dB).
+The cadence (`densify_every`) stays in steps: each densification needs that many views.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ class VanillaDensityConfig(DensityConfig):
     """INRIA's defaults, tuned for 30k steps; use `scaled(total_steps)` for shorter runs."""
 
     name = "3dgs"
-    step_counted = ("densify_from", "densify_until", "densify_every", "opacity_reset_every")
+    step_counted = ("densify_from", "densify_until", "densify_every", "opacity_reset_every", "schedule_steps")
 
     grad_threshold: float = 0.0002  # mean NDC gradient norm that triggers growth
     densify_from: int = 500  # densify only at steps > this ...
@@ -52,6 +59,8 @@ class VanillaDensityConfig(DensityConfig):
     big_world_scale: float = 0.1  # prune if max scale > this * extent (with max_screen_size)
     split_into: int = 2  # children per split Gaussian
     max_gaussians: Optional[int] = None  # hard cap on the count; growth picks the highest gradients
+    schedule_steps: int = INRIA_TOTAL_STEPS  # the run length the step-counted settings above are for
+    by_progress: bool = False  # a time-budget run: the window and resets follow progress x schedule_steps
 
     def __post_init__(self):
         for name in ("densify_every", "opacity_reset_every", "split_into"):
@@ -63,7 +72,7 @@ class VanillaDensityConfig(DensityConfig):
     def build(self) -> "VanillaDensity":
         return VanillaDensity(self)
 
-    def scaled(self, total_steps: int) -> "VanillaDensityConfig":
+    def scaled(self, total_steps: int, by_progress: bool = False) -> "VanillaDensityConfig":
         """The schedule for a run of `total_steps` (<= 30k), for short CPU runs and benchmarks.
 
         The densification window shrinks in proportion (it stops at half the run, as
@@ -72,6 +81,7 @@ class VanillaDensityConfig(DensityConfig):
         period in, and the opacity resets (which cost ~100 steps of recovery each) come no
         more often than every 3 periods. Runs of 30k steps or more keep INRIA's numbers.
         Example: 2000 steps -> densify over (100, 1000) every 100 steps, reset every 300.
+        `by_progress`: a time-budget run, whose `total_steps` is only its most (module docstring).
         """
         if total_steps < 1:
             raise ValueError(f"total_steps must be positive, got {total_steps}")
@@ -85,6 +95,8 @@ class VanillaDensityConfig(DensityConfig):
             densify_from=max(scale(self.densify_from), min(self.densify_every, self.densify_from)),
             densify_until=scale(self.densify_until),
             opacity_reset_every=max(scale(self.opacity_reset_every), min(3 * self.densify_every, self.opacity_reset_every)),
+            schedule_steps=scale(self.schedule_steps),
+            by_progress=by_progress,
         )
 
 
@@ -93,6 +105,26 @@ class VanillaDensity(Strategy):
 
     def __init__(self, config: Optional[VanillaDensityConfig] = None):
         self.config = config or VanillaDensityConfig()
+        # By progress only: the position at the last control call and the step of the last reset.
+        # Not checkpointed: a resumed run sees its first crossing one step late at worst.
+        self._previous_position: Optional[float] = None
+        self._last_reset_step = 0
+
+    def position(self, step_info: DensityStep) -> float:
+        """Where the run is in the schedule, in steps: the step, or with a time budget
+        progress x schedule_steps."""
+        cfg = self.config
+        return step_info.progress * cfg.schedule_steps if cfg.by_progress else step_info.step
+
+    def _reset_due(self, step: int, position: float) -> bool:
+        """INRIA's reset every `opacity_reset_every` steps. By progress: when the position passes
+        a multiple of it, and no sooner than `scaled()` allows (3 densifications) after the last."""
+        cfg = self.config
+        if not cfg.by_progress:
+            return step % cfg.opacity_reset_every == 0
+        previous, self._previous_position = self._previous_position, position
+        crossed = previous is not None and position // cfg.opacity_reset_every > previous // cfg.opacity_reset_every
+        return crossed and step - self._last_reset_step >= min(3 * cfg.densify_every, cfg.opacity_reset_every)
 
     # --- state --------------------------------------------------------------------
     def initial_state(self, n: int, device: torch.device | str = "cpu") -> Dict[str, torch.Tensor]:
@@ -116,7 +148,7 @@ class VanillaDensity(Strategy):
     @torch.no_grad()
     def observe(self, state: Dict[str, torch.Tensor], step_info: DensityStep) -> Dict[str, torch.Tensor]:
         """One view's NDC gradient norms, visibility and 2D radii (while densifying)."""
-        if step_info.step >= self.config.densify_until:
+        if self.position(step_info) >= self.config.densify_until:
             return {}
         n = len(step_info.gaussians)
         check_rows(state, n)
@@ -147,17 +179,20 @@ class VanillaDensity(Strategy):
         cfg = self.config
         step, gaussians, optimizers = step_info.step, step_info.gaussians, step_info.optimizers
         stats = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0, "opacity_reset": False}
-        if step < cfg.densify_until:
-            if step > cfg.densify_from and step % cfg.densify_every == 0 and step_info.good():
-                stats.update(self._densify_and_prune(state, step, gaussians, optimizers, step_info.scene_extent))
+        position = self.position(step_info)
+        reset_due = self._reset_due(step, position)
+        if position < cfg.densify_until:
+            if position > cfg.densify_from and step % cfg.densify_every == 0 and step_info.good():
+                stats.update(self._densify_and_prune(state, position, gaussians, optimizers, step_info.scene_extent))
 
-            if step > 0 and step % cfg.opacity_reset_every == 0 and step_info.good():
+            if step > 0 and reset_due and step_info.good():
                 reset_opacity(gaussians, optimizers, ceiling=0.01)
+                self._last_reset_step = step
                 stats["opacity_reset"] = True
         stats["n_gaussians"] = len(gaussians)
         return stats
 
-    def _densify_and_prune(self, state, step, gaussians, optimizers, scene_extent) -> Dict[str, object]:
+    def _densify_and_prune(self, state, position, gaussians, optimizers, scene_extent) -> Dict[str, object]:
         """Clone, split, then prune what the clone and split leave, as INRIA: every decision is
         a mask over the current rows first (the new rows' prune tests from their parents'
         values), then one host read of the sizes, then one rebuild by index."""
@@ -175,7 +210,7 @@ class VanillaDensity(Strategy):
         # clones (their parent's values, zero radii) and the children (smaller scales, zero radii).
         transparent = gaussians.opacities.detach() < cfg.prune_opacity
         prune_old = prune_clone = prune_child = transparent
-        if cfg.max_screen_size is not None and step > cfg.opacity_reset_every:
+        if cfg.max_screen_size is not None and position > cfg.opacity_reset_every:  # after the first reset
             # INRIA's reference code zeroes max_radii2D while densifying, before this
             # test, so its screen-size pruning never fires (its issue #123). Ours carries
             # the radii through the row operations, so it does what the paper describes;

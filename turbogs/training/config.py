@@ -108,7 +108,7 @@ class TrainConfig:
         """This config for a run of `steps` steps: schedules that INRIA states for 30k
         steps are shrunk proportionally, so that short runs still densify."""
         cfg = dataclasses.replace(self, steps=steps)
-        cfg.density = self.density.scaled(steps)
+        cfg.density = self.density.scaled(steps, by_progress=self.budget_seconds is not None)
         cfg.sh_increase_every = max(1, min(self.sh_increase_every, steps // (self.sh_degree * 2 + 1) or 1))
         return cfg
 
