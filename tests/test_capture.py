@@ -229,6 +229,16 @@ def test_the_camera_model_sfm_fits_is_a_choice(photos, capsys, tmp_path):
     model = colmap.read_model(scene / "sparse" / "0")
     assert {camera.model for camera in model.cameras.values()} == {"PINHOLE"}
 
+    # `turbogs train PHOTOS/` passes turbogs sfm's flags on (it used to run SfM at the defaults).
+    scene = tmp_path / "photos_train"
+    shutil.copytree(photos[0], scene)
+    code, out, err = run_cli(capsys, "train", scene, "--camera-model", "PINHOLE", "--matching", "sequential",
+                             "--steps", 2, "--out", tmp_path / "model", "--quiet")
+    assert code == 0, err
+    model = colmap.read_model(scene / "sparse" / "0")
+    assert {camera.model for camera in model.cameras.values()} == {"PINHOLE"}
+    assert json.loads((scene / "sparse" / "0" / "turbogs_sfm.json").read_text())["matching"] == "sequential"
+
 
 def torchrun(*args):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

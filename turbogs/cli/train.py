@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from turbogs.cli.args import add_device, add_server, add_torch_twins, positive_float, positive_int, resolution_arg
+from turbogs.cli.sfm import add_sfm_flags, sfm_options
 from turbogs.device import pick_device
 from turbogs.errors import TurboGSError
 
@@ -44,6 +45,7 @@ def _capture_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", action="store_true",
                    help="hold out every 8th image (name order) as a test view and report PSNR/SSIM at the end")
     p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white, render on white")
+    add_sfm_flags(p.add_argument_group("photos or a video (SfM, as turbogs sfm; ignored for a capture with cameras)"))
 
 
 def _run_length_flags(p: argparse.ArgumentParser) -> None:
@@ -154,11 +156,10 @@ def out_dir_of(args: argparse.Namespace) -> Path:
 def from_photos(args: argparse.Namespace, sfm_here: bool = True, log=print) -> None:
     """A folder of photos or a video: SfM first (or the model of an earlier run), then train on it."""
     from turbogs.capture.prepare import needs_capture, prepare
-    from turbogs.capture.sfm import SfmOptions
 
     if not needs_capture(Path(args.scene)):
         return
-    done = prepare(Path(args.scene), options=SfmOptions(progress=not args.quiet), sfm_here=sfm_here, log=log)
+    done = prepare(Path(args.scene), frames=args.frames, options=sfm_options(args), sfm_here=sfm_here, log=log)
     args.scene = str(done.scene)
     if done.images is not None and args.images == "images":
         args.images = done.images
