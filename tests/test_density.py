@@ -316,17 +316,18 @@ def test_prunes_transparent_and_too_big_gaussians_only_after_first_reset():
     radii = torch.tensor([3, 3, 3, 3, 25])  # 4: > 20 pixels on screen
     no_grad = torch.zeros(5, 2)
     visible = torch.ones(5, dtype=torch.bool)
-    strategy = VanillaDensity(VanillaDensityConfig(densify_from=1, densify_every=10, opacity_reset_every=20))
+    schedule = dict(densify_from=1, densify_every=10, opacity_reset_every=20)
+    for screen, kept_late in ((None, [1, 2, 4]), (20.0, [1, 2])):  # the default (INRIA's code), the paper's test
+        strategy = VanillaDensity(VanillaDensityConfig(**schedule, max_screen_size=screen))
+        g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
+        state = strategy.initial_state(5)
+        stats = after_backward(strategy, state, 10, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
+        assert stats["n_pruned"] == 1 and ids(g) == [1, 2, 3, 4]  # before the first reset: opacity only
 
-    g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
-    state = strategy.initial_state(5)
-    stats = after_backward(strategy, state, 10, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
-    assert stats["n_pruned"] == 1 and ids(g) == [1, 2, 3, 4]  # before the first reset: opacity only
-
-    g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
-    state = strategy.initial_state(5)
-    stats = after_backward(strategy, state, 30, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
-    assert stats["n_pruned"] == 3 and ids(g) == [1, 2]
+        g = make_gaussians(5, log_scales=log_scales, opacities=opacities)
+        state = strategy.initial_state(5)
+        stats = after_backward(strategy, state, 30, g, make_optimizers(g), fake_render(no_grad, visible, radii), 64, 64, extent)
+        assert ids(g) == kept_late and stats["n_pruned"] == 5 - len(kept_late)
 
 
 def test_opacity_reset_fires_on_schedule_and_caps_at_one_percent():

@@ -68,9 +68,10 @@ def reference_vanilla(strategy, state, step, gaussians, optimizers, extent):
     split_mask = torch.cat([to_split, torch.zeros(int(clone.sum()), dtype=torch.bool)])
     state.update(rows.split(gaussians, optimizers, split_mask, n=cfg.split_into, extra=state))
     prune = gaussians.opacities.detach() < cfg.prune_opacity
-    if cfg.max_screen_size is not None and step > cfg.opacity_reset_every:
-        prune |= (state["max_radii2d"] > cfg.max_screen_size) | (
-            torch.exp(gaussians.params["scales"]).max(dim=-1).values > cfg.big_world_scale * extent)
+    if step > cfg.opacity_reset_every:
+        prune |= torch.exp(gaussians.params["scales"]).max(dim=-1).values > cfg.big_world_scale * extent
+        if cfg.max_screen_size is not None:
+            prune |= state["max_radii2d"] > cfg.max_screen_size
     state.update(rows.remove_rows(gaussians, optimizers, ~prune, extra=state))
     for value in state.values():
         value.zero_()
@@ -151,9 +152,10 @@ def run_both(seed, make_state, reference, batched):
 @pytest.mark.parametrize("cap", [None, 330, 200])
 @pytest.mark.parametrize("late", [False, True])
 def test_vanilla_batched_densification_equals_the_mask_by_mask_one(seed, cap, late):
-    config = VanillaDensityConfig(max_gaussians=cap, split_into=2 + seed % 2)
+    # The screen-size test (off by default, as INRIA's code runs) on for odd seeds.
+    config = VanillaDensityConfig(max_gaussians=cap, split_into=2 + seed % 2, max_screen_size=20.0 if seed % 2 else None)
     strategy = config.build()
-    step = config.opacity_reset_every + 100 if late else 600  # screen-size pruning on / off
+    step = config.opacity_reset_every + 100 if late else 600  # size pruning on / off
     stats, reads = run_both(seed, vanilla_state,
                             lambda g, o, s: reference_vanilla(strategy, s, step, g, o, extent=5.0),
                             lambda g, o, s: strategy._densify_and_prune(s, step, g, o, 5.0))

@@ -9,7 +9,7 @@ A Gaussian whose average is high sits where the image is still wrong, so every
 - split in two smaller ones when it is large: over-reconstruction, one blob covers
   detail it cannot represent.
 Then nearly transparent Gaussians are pruned and, once the first opacity reset has
-happened, too big ones too (in world space, and on screen). Every
+happened, too big ones too (in world space; on screen only if asked, see max_screen_size). Every
 `opacity_reset_every` steps all opacities are capped at 0.01, which lets pruning
 remove the Gaussians the following steps do not make opaque again (floaters).
 
@@ -55,8 +55,12 @@ class VanillaDensityConfig(DensityConfig):
     opacity_reset_every: int = 3000
     prune_opacity: float = 0.005  # prune Gaussians less opaque than this
     percent_dense: float = 0.01  # clone if max scale <= this * extent, else split
-    max_screen_size: Optional[float] = 20.0  # prune if max 2D radius (pixels) exceeds this; None = off
-    big_world_scale: float = 0.1  # prune if max scale > this * extent (with max_screen_size)
+    # Prune if the largest 2D radius (pixels) since the last densification exceeds this; None = off.
+    # The paper says 20, but INRIA's code zeroes the radii before the test, so it never fires (its
+    # issue #123), and gsplat leaves it off: the 3dgs baseline runs as INRIA's code does
+    # (benchmarks/results/2026-12-05_cpu_vanilla_screen_prune.md).
+    max_screen_size: Optional[float] = None
+    big_world_scale: float = 0.1  # prune if max scale > this * extent (after the first reset)
     split_into: int = 2  # children per split Gaussian
     max_gaussians: Optional[int] = None  # hard cap on the count; growth picks the highest gradients
     schedule_steps: int = INRIA_TOTAL_STEPS  # the run length the step-counted settings above are for
@@ -210,17 +214,13 @@ class VanillaDensity(Strategy):
         # clones (their parent's values, zero radii) and the children (smaller scales, zero radii).
         transparent = gaussians.opacities.detach() < cfg.prune_opacity
         prune_old = prune_clone = prune_child = transparent
-        if cfg.max_screen_size is not None and position > cfg.opacity_reset_every:  # after the first reset
-            # INRIA's reference code zeroes max_radii2D while densifying, before this
-            # test, so its screen-size pruning never fires (its issue #123). Ours carries
-            # the radii through the row operations, so it does what the paper describes;
-            # set max_screen_size=None to match the reference code exactly.
+        if position > cfg.opacity_reset_every:  # after the first reset: too big in the world
             big = cfg.big_world_scale * scene_extent
-            new_radii = torch.zeros_like(state["max_radii2d"])
             child_scale = torch.exp(rows.child_log_scales(log_scales, cfg.split_into)).max(dim=-1).values
-            prune_old = transparent | (state["max_radii2d"] > cfg.max_screen_size) | (max_scale > big)
-            prune_clone = transparent | (new_radii > cfg.max_screen_size) | (max_scale > big)
-            prune_child = transparent | (new_radii > cfg.max_screen_size) | (child_scale > big)
+            too_big = max_scale > big
+            prune_old, prune_clone, prune_child = transparent | too_big, transparent | too_big, transparent | (child_scale > big)
+            if cfg.max_screen_size is not None:  # and, if asked, on screen (new rows have no radii yet)
+                prune_old = prune_old | (state["max_radii2d"] > cfg.max_screen_size)
         keep_old, keep_clone, keep_child = ~to_split & ~prune_old, clone & ~prune_clone, to_split & ~prune_child
         count = rows.read_counts(clone=clone, split=to_split, old=keep_old, clones_kept=keep_clone,
                                  children_kept=keep_child)  # the one host read
