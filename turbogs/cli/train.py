@@ -45,7 +45,8 @@ def _capture_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", action="store_true",
                    help="hold out every 8th image (name order) as a test view and report PSNR/SSIM at the end")
     p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white, render on white")
-    add_sfm_flags(p.add_argument_group("photos or a video (SfM, as turbogs sfm; ignored for a capture with cameras)"))
+    sfm_group = p.add_argument_group("photos or a video (SfM, as turbogs sfm; ignored for a capture with cameras)")
+    add_sfm_flags(sfm_group)
 
 
 def _run_length_flags(p: argparse.ArgumentParser) -> None:

@@ -217,8 +217,8 @@ class VanillaDensity(Strategy):
         if position > cfg.opacity_reset_every:  # after the first reset: too big in the world
             big = cfg.big_world_scale * scene_extent
             child_scale = torch.exp(rows.child_log_scales(log_scales, cfg.split_into)).max(dim=-1).values
-            too_big = max_scale > big
-            prune_old, prune_clone, prune_child = transparent | too_big, transparent | too_big, transparent | (child_scale > big)
+            prune_old = prune_clone = transparent | (max_scale > big)  # a clone has its parent's scale
+            prune_child = transparent | (child_scale > big)
             if cfg.max_screen_size is not None:  # and, if asked, on screen (new rows have no radii yet)
                 prune_old = prune_old | (state["max_radii2d"] > cfg.max_screen_size)
         keep_old, keep_clone, keep_child = ~to_split & ~prune_old, clone & ~prune_clone, to_split & ~prune_child
