@@ -3,9 +3,11 @@ independent ray caster (and the demo, COLMAP with points).
 
 1. An object on white without points, where turbo used to train to fog: the default against
    the same without error-driven density's opacity decay (what the default was), two runs in
-   one process, so that no figure measured on one CPU is asserted. Measured (seed 0, 600 steps):
-   17.92 dB against 15.43; at 1000 steps 20.23 against 15.35
-   (benchmarks/results/2026-12-05_cpu_capture_kinds.md). Removing the decay fails this test.
+   one process, so that no figure measured on one CPU is asserted. Measured (seed 0, 600 steps)
+   with the hybrid optimizer: 17.92 dB against 15.43; at 1000 steps 20.23 against 15.35
+   (benchmarks/results/2026-12-05_cpu_capture_kinds.md); with Adam, the default since 2026-12-06:
+   18.97 against 16.43 (`python benchmarks/config_variants.py SYNTHETIC:w turbo 600
+   [density.opacity_decay=1.0]`). Removing the decay fails this test.
 2. Every kind: turbo against 3dgs at equal steps, and turbo's default 100-second budget
    against a floor (benchmarks/results/2026-12-05_cpu_capture_kinds_2.md).
 """
