@@ -87,6 +87,7 @@ def test_nerf_synthetic_alpha_is_composited_not_masked(tmp_path, white):
     expected = [alpha + (1 - alpha) * background, (1 - alpha) * background, (1 - alpha) * background]
     assert np.allclose(camera.image.numpy(), expected, atol=1e-6)
     assert camera.mask is None and scene.white_background is white
+    assert np.allclose(camera.alpha.numpy(), alpha)  # kept, to composite onto other backgrounds
 
 
 def test_nerf_synthetic_uses_its_test_file_for_the_split(tmp_path):

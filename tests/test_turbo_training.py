@@ -87,6 +87,9 @@ def test_turbo_preset_has_its_measured_parts_on():
     assert cfg.optimizer.name == "adam" and cfg.lr == get_preset("3dgs").lr  # INRIA's rates
     hybrid = get_preset("turbo+optimizer-hybrid")
     assert hybrid.optimizer.name == "hybrid" and hybrid.optimizer.curvature_on == ("means",)
+    # photos with alpha train over random colours (tests/test_random_background.py); 3dgs is INRIA's
+    assert cfg.random_background and not get_preset("3dgs").random_background
+    assert not get_preset("turbo+fixed-background").random_background
 
 
 def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, tmp_path):

@@ -45,6 +45,9 @@ def _capture_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", action="store_true",
                    help="hold out every 8th image (name order) as a test view and report PSNR/SSIM at the end")
     p.add_argument("--white-background", "-w", action="store_true", help="composite RGBA images on white, render on white")
+    p.add_argument("--random-background", action=argparse.BooleanOptionalAction, default=None,
+                   help="photos with alpha (RGBA): train each view over a random colour, the photo composited onto "
+                        "it, so that empty space is learned as empty (default: on for turbo, off for 3dgs)")
     sfm_group = p.add_argument_group("photos or a video (SfM, as turbogs sfm; ignored for a capture with cameras)")
     add_sfm_flags(sfm_group)
 
@@ -283,6 +286,8 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
         cfg.density.max_gaussians = args.max_gaussians
     if args.antialiased:
         ABLATIONS["antialiased"](cfg)
+    if args.random_background is not None:
+        cfg.random_background = args.random_background
 
 
 def report(summary: dict, out_dir: Path) -> None:

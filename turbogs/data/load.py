@@ -323,11 +323,12 @@ class _ViewLoader:
         K[2] = (0.0, 0.0, 1.0)
 
         rgb, alpha = split_rgb_alpha(raw)
-        mask = None
+        mask = coverage = None
         if alpha is not None:
             if view.composite_alpha:
                 background = 1.0 if self.white_background else 0.0
                 rgb = rgb * alpha[:, :, None] + background * (1.0 - alpha[:, :, None])
+                coverage = alpha  # kept: training may composite the photo onto other backgrounds
             else:
                 mask = binarize(alpha)
         if view.mask_path is not None:
@@ -347,6 +348,8 @@ class _ViewLoader:
             rgb = undistortion.apply(rgb)
             if mask is not None:
                 mask = binarize(undistortion.apply(mask))
+            if coverage is not None:
+                coverage = undistortion.apply(coverage)
             K = undistortion.K
             w, h = undistortion.size
 
@@ -360,6 +363,7 @@ class _ViewLoader:
             world_to_cam=torch.from_numpy(np.asarray(view.world_to_cam, dtype=np.float32)),
             image=torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)),
             mask=None if mask is None else torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32)),
+            alpha=None if coverage is None else torch.from_numpy(np.ascontiguousarray(coverage, dtype=np.float32)),
             image_path=str(source),
         )
         return camera, capped

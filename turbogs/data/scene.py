@@ -29,6 +29,9 @@ class Camera:
     world_to_cam: torch.Tensor  # [4, 4] float32, OpenCV convention
     image: Optional[torch.Tensor] = None  # [H, W, 3] float32 in [0, 1]
     mask: Optional[torch.Tensor] = None  # [H, W] float32, 1 where the pixel counts in the loss
+    # [H, W] float32: the photo's own alpha, where an RGBA photo was composited onto the scene's
+    # background at load (NeRF-synthetic), so that training can composite it onto another one.
+    alpha: Optional[torch.Tensor] = None
     image_path: str = ""  # where the image came from, for messages
 
     @property

@@ -70,6 +70,8 @@ def estimate_memory(scene: Scene, cfg: TrainConfig, device: torch.device,
     views = list(scene.train) + list(scene.test)
     images = sum(c.height * c.width * 3 * FLOAT_BYTES for c in views)
     images += sum(c.height * c.width * FLOAT_BYTES for c in views if c.mask is not None)
+    if cfg.random_background:  # the training photos' alphas, to composite onto random colours
+        images += sum(c.height * c.width * FLOAT_BYTES for c in scene.train if c.alpha is not None)
     count = gaussian_budget(scene, cfg)
     # parameters + gradients + Adam's two moments = 4 copies of the parameters
     gaussians = count * params_per_gaussian(cfg.sh_degree) * FLOAT_BYTES * 4

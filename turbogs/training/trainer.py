@@ -47,7 +47,7 @@ from turbogs.training.observer import StepObserver
 from turbogs.training.progress import RunProgress
 from turbogs.training.running_stats import RunningStats
 from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
-from turbogs.training.views import TrainingViews, ViewOrder
+from turbogs.training.views import TrainingViews, ViewOrder, photo_alphas
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
@@ -148,7 +148,8 @@ class Trainer:
         data_device = options.data_device or self.device
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
                                          [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
-                                         self.device)
+                                         self.device, alphas=photo_alphas(scene.train, data_device) if cfg.random_background else None,
+                                         background=self.background, seed=cfg.seed)
         self.gaussians = initial_gaussians(scene, cfg, self.generator, self.device.type, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:
@@ -185,7 +186,7 @@ class Trainer:
         self.apply_schedules(progress)
 
         picks = self.pick(progress)  # the step's views, one shared draw; this rank trains its slots of it
-        backgrounds = self.backgrounds(len(picks))
+        backgrounds = self.train_views.backgrounds(self.step, len(picks))
         slots = rank_slots(self.world, cfg.batch_views)
         views = [self.train_view(picks[slot], backgrounds[slot], progress, slot) for slot in slots]
         step = combine(views, self.world, self.trainable_parameters(), self.density.reductions,
@@ -213,7 +214,7 @@ class Trainer:
         """Render one view, its loss and backward pass (gradients add up in .grad), and its
         density statistics."""
         cfg = self.cfg
-        camera, gt, mask = self.train_views.get(pick.view)  # pick.view: an int, or an index on the device
+        camera, gt, mask = self.train_views.get(pick.view, background)  # pick.view: an int, or an index on the device
         features = self.density.render_features(len(self.gaussians), progress, self.device)  # e.g. the blame probe
 
         with self.observer.render():
@@ -302,12 +303,6 @@ class Trainer:
         if self.sampler is None:
             return [TileSample(self.views.next()) for _ in range(self.views_per_step)]
         return self.sampler.sample_views(progress, self.views_per_step, view_on_device=self.train_views.stacked)
-
-    def backgrounds(self, count: int) -> List[torch.Tensor]:
-        """Each view's background: the scene's, or (random_background) a random colour per view."""
-        if not self.cfg.random_background:
-            return [self.background] * count
-        return [torch.rand(3, generator=self.generator).to(self.device) for _ in range(count)]
 
     def _finite(self, loss: torch.Tensor) -> torch.Tensor:
         """A device bool, no read: the loss and every gradient finite (the per-photo appearance

@@ -28,6 +28,7 @@ from turbogs.tiles import TILE_SIZE, tile_grid
 
 View = Union[int, Tensor]  # a Python index, or a 0-d int64 tensor on the device
 
+BACKGROUND_COLOURS = 4096  # random backgrounds: a table of colours, cycled through
 MAX_PADDING = 0.02  # the most padded pixels, as a share of the stack's pixels, for `can_pad`
 
 
@@ -57,14 +58,30 @@ def _padded(tensors: List[Tensor], height: int, width: int, value: float = 0.0) 
     return out
 
 
+def photo_alphas(cameras: Sequence[Camera], device) -> Optional[List[Optional[Tensor]]]:
+    """The views' photo alphas on `device` (None for an opaque view), or None when no view has one."""
+    if all(c.alpha is None for c in cameras):
+        return None
+    return [None if c.alpha is None else c.alpha.to(device) for c in cameras]
+
+
 class TrainingViews:
+    """alphas: each view's photo alpha [H, W] (None: opaque), where training composites the photos
+    onto random colours (`backgrounds`) instead of `background`, the one their images were
+    composited onto at load; None: the images as they are, over `background` (see `get`)."""
+
     def __init__(self, cameras: Sequence[Camera], images: List[Tensor], masks: List[Optional[Tensor]],
-                 device: torch.device):
+                 device: torch.device, alphas: Optional[List[Optional[Tensor]]] = None,
+                 background: Optional[Tensor] = None, seed: int = 0):
         self.device = device
+        self.background = background
+        # Drawn once from the seed by a generator of their own (the run's other draws do not change).
+        self.background_table = None if alphas is None else torch.rand(
+            BACKGROUND_COLOURS, 3, generator=torch.Generator().manual_seed(seed)).to(device)
         # Cameras without their images, their matrices on the device (render() then copies nothing).
         self.cameras = [dataclasses.replace(c, K=c.K.to(device), world_to_cam=c.world_to_cam.to(device),
-                                            image=None, mask=None) for c in cameras]
-        self.images, self.masks = images, masks
+                                            image=None, mask=None, alpha=None) for c in cameras]
+        self.images, self.masks, self.alphas = images, masks, alphas
         sizes = [(c.width, c.height) for c in cameras]
         on_device = all(image.device == device for image in images)
         masks_alike = all(m is None for m in masks) or all(m is not None and m.device == device for m in masks)
@@ -87,8 +104,13 @@ class TrainingViews:
             else:
                 self.mask_stack = None if masks[0] is None else torch.stack(masks)
             self.images = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.image_stack.unbind(0))]
+            if alphas is not None:  # opaque where a view has no alpha, and on the padding
+                self.alpha_stack = _padded([torch.ones(c.height, c.width, device=device) if a is None else a.to(device)
+                                            for c, a in zip(cameras, alphas)], self.height, self.width, value=1.0)
+                alphas = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.alpha_stack.unbind(0))]
             self.masks = [None if m is None else self.mask_stack[i, : c.height, : c.width]
                           for i, (c, m) in enumerate(zip(cameras, masks))]
+            self.alphas = alphas
             # Where a camera's own image was used as it is (no copy: the CPU), it now points into
             # the stack too, so that the images are not held twice.
             for camera, image, mask, stacked_image, stacked_mask in zip(cameras, images, masks, self.images, self.masks):
@@ -105,10 +127,27 @@ class TrainingViews:
             return image
         return image * self.real_stack.index_select(0, view.reshape(1))[0, ..., None]
 
-    def get(self, view: View) -> Tuple[Camera, Tensor, Optional[Tensor]]:
+    def backgrounds(self, step: int, count: int) -> List[Tensor]:
+        """The backgrounds of a step's `count` views: with alphas, the table's next colours, else
+        the scene's. Indexing the table by the step is a view on the device: no copy or wait in
+        the step, and a resumed run draws what the uninterrupted one would have."""
+        if self.background_table is None:
+            return [self.background] * count
+        return [self.background_table[(step * count + i) % BACKGROUND_COLOURS] for i in range(count)]
+
+    def get(self, view: View, background: Optional[Tensor] = None) -> Tuple[Camera, Tensor, Optional[Tensor]]:
         """(camera, ground truth [H, W, 3], mask [H, W] or None) of a view, on the device. A
         view picked on the device of padded views comes at the padded size, its mask 0 on the
-        padding; a Python int view at its true size."""
+        padding; a Python int view at its true size. With `background` (and the views' alphas),
+        the ground truth is the photo composited onto that background instead."""
+        camera, gt, mask = self._get(view)
+        if background is not None and self.alphas is not None:
+            alpha = self.alpha_stack.index_select(0, view.reshape(1))[0] if torch.is_tensor(view) else self.alphas[view]
+            if alpha is not None:  # photo x a + old x (1 - a)  ->  photo x a + new x (1 - a)
+                gt = gt + (1.0 - alpha.to(gt))[..., None] * (background - self.background).to(gt)
+        return camera, gt, mask
+
+    def _get(self, view: View) -> Tuple[Camera, Tensor, Optional[Tensor]]:
         if torch.is_tensor(view):
             if not self.stacked:
                 raise ValueError("a device view index needs views of one size (or within can_pad) with their images "
