@@ -167,7 +167,7 @@ def preset_turbo() -> TrainConfig:
         # exposure (benchmarks/results/2026-12-04_cpu_batch_rule_grendel.md). 3dgs keeps "sqrt".
         batch_lr_rule="grendel",
         # Photos with alpha train over random colours: the object on white without points, 2000 steps
-        # 23.75 -> 26.10 dB (3dgs 26.89), 100 s +2.75 dB (3 seeds); opaque photos are untouched, bit for
+        # 23.75 -> 26.10 dB (3dgs 26.82), 100 s +2.75 dB (3 seeds); opaque photos are untouched, bit for
         # bit (benchmarks/results/2026-12-06_cpu_random_background.md).
         random_background=True,
     )
