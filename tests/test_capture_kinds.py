@@ -77,7 +77,7 @@ KINDS = {
     "forward_points": (False, 2.4, 23.0),  # transforms.json + points: -1.42 / -1.00; 31.11
     "masks": (False, 2.9, 23.0),  # passers-by masked out: -1.87 / -1.36; 29.99
     "forward": (False, 1.8, 17.5),  # forward-facing, no points: -0.42 / -0.75; 29.76
-    # an object on white, no points: +4.04 / +3.33 with random backgrounds (+0.93 / +0.90 without); 26.86 in
+    # an object on white, no points: +3.66 / +3.19 with random backgrounds (+0.93 / +0.90 without); 26.86 in
     # 100 s (2026-12-06_cpu_random_background.md); the floor is 20, well above the fog it used to be (14.6)
     "synthetic": (True, 0.5, 20.0),
     "exposure": (False, 0.5, 11.5),  # photos with different exposures: -0.02 / +0.17; 15.01
