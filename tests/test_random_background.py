@@ -40,6 +40,8 @@ def test_the_ground_truth_is_the_photo_over_the_background_asked_for(sizes):
     views = TrainingViews(cameras, [c.image for c in cameras], [None] * len(cameras), torch.device("cpu"),
                           alphas=photo_alphas(cameras, "cpu"), background=white)
     assert views.stacked
+    stack = views.alpha_stack.untyped_storage().data_ptr()  # on the CPU the cameras' alphas now point into it
+    assert all(c.alpha.untyped_storage().data_ptr() == stack for c in cameras)
     green = torch.tensor([0.1, 0.8, 0.3])
     for index, (photo, alpha) in enumerate(photos):
         expected = photo * alpha[..., None] + green * (1 - alpha[..., None])
@@ -98,8 +100,9 @@ def test_the_memory_estimate_counts_the_alphas(tmp_path):
 @pytest.mark.slow
 def test_random_backgrounds_keep_the_background_empty(tmp_path):
     """Trained on white, a model may paint the white background with Gaussians; trained on
-    random colours, it cannot, so its accumulated opacity where the photos are transparent stays
-    low. Two runs in one process: the same capture, steps and seed."""
+    random colours, it cannot, so where the photos are transparent it renders almost nothing on
+    black (measured: mean brightness 0.019 against 0.78). Two runs in one process: the same
+    capture, steps and seed."""
     scene = load_scene(captures.make_capture("synthetic", str(tmp_path)), eval_split=True, white_background=True,
                        log=quiet)
     coverage = {}

@@ -58,6 +58,12 @@ def _padded(tensors: List[Tensor], height: int, width: int, value: float = 0.0) 
     return out
 
 
+def _row(stack: Tensor, view: Tensor) -> Tensor:
+    """A stack's row for a view picked on the device (a 0-d index): index_select, not [view],
+    because indexing by a 0-d tensor reads it back to the host."""
+    return stack.index_select(0, view.reshape(1))[0]
+
+
 def photo_alphas(cameras: Sequence[Camera], device) -> Optional[List[Optional[Tensor]]]:
     """The views' photo alphas on `device` (None for an opaque view), or None when no view has one."""
     if all(c.alpha is None for c in cameras):
@@ -107,17 +113,18 @@ class TrainingViews:
             if alphas is not None:  # opaque where a view has no alpha, and on the padding
                 self.alpha_stack = _padded([torch.ones(c.height, c.width, device=device) if a is None else a.to(device)
                                             for c, a in zip(cameras, alphas)], self.height, self.width, value=1.0)
-                alphas = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.alpha_stack.unbind(0))]
+                self.alphas = [stack[: c.height, : c.width] for c, stack in zip(cameras, self.alpha_stack.unbind(0))]
             self.masks = [None if m is None else self.mask_stack[i, : c.height, : c.width]
                           for i, (c, m) in enumerate(zip(cameras, masks))]
-            self.alphas = alphas
-            # Where a camera's own image was used as it is (no copy: the CPU), it now points into
-            # the stack too, so that the images are not held twice.
-            for camera, image, mask, stacked_image, stacked_mask in zip(cameras, images, masks, self.images, self.masks):
-                if camera.image is image:
-                    camera.image = stacked_image
-                if mask is not None and camera.mask is mask:
-                    camera.mask = stacked_mask
+            # Where a camera's own image (mask, alpha) was used as it is (no copy: the CPU), it now
+            # points into the stack too, so that it is not held twice.
+            for i, camera in enumerate(cameras):
+                if camera.image is images[i]:
+                    camera.image = self.images[i]
+                if masks[i] is not None and camera.mask is masks[i]:
+                    camera.mask = self.masks[i]
+                if alphas is not None and alphas[i] is not None and camera.alpha is alphas[i]:
+                    camera.alpha = self.alphas[i]
 
     def real_pixels_only(self, image: Tensor, view: View) -> Tensor:
         """A rendered image with its padding (if any) zeroed, no gradient passing there: for
@@ -125,7 +132,7 @@ class TrainingViews:
         match the unpadded view's, whose border tiles are padded with zeros too)."""
         if not (self.padded and torch.is_tensor(view)):
             return image
-        return image * self.real_stack.index_select(0, view.reshape(1))[0, ..., None]
+        return image * _row(self.real_stack, view)[..., None]
 
     def backgrounds(self, step: int, count: int) -> List[Tensor]:
         """The backgrounds of a step's `count` views: with alphas, the table's next colours, else
@@ -142,7 +149,7 @@ class TrainingViews:
         the ground truth is the photo composited onto that background instead."""
         camera, gt, mask = self._get(view)
         if background is not None and self.alphas is not None:
-            alpha = self.alpha_stack.index_select(0, view.reshape(1))[0] if torch.is_tensor(view) else self.alphas[view]
+            alpha = _row(self.alpha_stack, view) if torch.is_tensor(view) else self.alphas[view]
             if alpha is not None:  # photo x a + old x (1 - a)  ->  photo x a + new x (1 - a)
                 gt = gt + (1.0 - alpha.to(gt))[..., None] * (background - self.background).to(gt)
         return camera, gt, mask
@@ -152,14 +159,9 @@ class TrainingViews:
             if not self.stacked:
                 raise ValueError("a device view index needs views of one size (or within can_pad) with their images "
                                  "on the device")
-            index = view.reshape(1)  # index_select, not [view]: indexing by a 0-d tensor reads it back
-
-            def pick(stack: Tensor) -> Tensor:
-                return stack.index_select(0, index)[0]
-
-            camera = Camera(name="", width=self.width, height=self.height, K=pick(self.Ks),
-                            world_to_cam=pick(self.viewmats))
-            return camera, pick(self.image_stack), None if self.mask_stack is None else pick(self.mask_stack)
+            camera = Camera(name="", width=self.width, height=self.height, K=_row(self.Ks, view),
+                            world_to_cam=_row(self.viewmats, view))
+            return camera, _row(self.image_stack, view), None if self.mask_stack is None else _row(self.mask_stack, view)
         mask = self.masks[view]
         return self.cameras[view], self.images[view].to(self.device), None if mask is None else mask.to(self.device)
 
