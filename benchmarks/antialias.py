@@ -21,6 +21,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -33,6 +34,9 @@ from turbogs.render import render
 from turbogs.training.config import get_preset
 from turbogs.training.run import train
 from turbogs.training.trainer import RunOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from config_settings import apply_settings  # noqa: E402
 
 SCALES = (1, 2, 4, 8)
 
@@ -67,8 +71,9 @@ def scale_psnr(gaussians, scene, antialiased=None) -> float:
     return float(sum(values) / len(values))
 
 
-def run_one(spec: dict, antialiased: bool, seed: int, steps: int, out: Path, reuse: bool = False) -> list:
-    cfg = get_preset("turbo")
+def run_one(spec: dict, antialiased: bool, seed: int, steps: int, out: Path, reuse: bool = False,
+            settings=()) -> list:
+    cfg = apply_settings(get_preset("turbo"), settings)
     cfg.seed, cfg.antialiased = seed, antialiased
     if spec["init"]:
         cfg.init_random_points = spec["init"]
@@ -120,6 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--out", type=Path, default=Path("/tmp/aa_bench"))
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a turbo setting for every run (config_settings.py), e.g. density.opacity_decay=0.8")
     p.add_argument("--reuse", action="store_true", help="evaluate the models already in --out, train only missing ones")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -127,7 +134,7 @@ def main(argv=None) -> int:
     for spec in map(parse_scene, args.scene):
         for seed in args.seeds:
             for antialiased in (False, True):
-                rows += run_one(spec, antialiased, seed, args.steps, args.out, args.reuse)
+                rows += run_one(spec, antialiased, seed, args.steps, args.out, args.reuse, args.settings)
     print(summarize(rows))
     return 0
 

@@ -14,11 +14,14 @@ paths reach into its parts; values are Python literals); `seed=`, `density=NAME`
 from __future__ import annotations
 
 import argparse
-import ast
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from config_settings import apply_settings  # noqa: E402
 
 
 def main() -> int:
@@ -33,25 +36,16 @@ def main() -> int:
     from turbogs.density import error_driven
     from turbogs.device import pick_device
     from turbogs.training import run
-    from turbogs.training.config import DENSITY_CONFIGS, OPTIMIZER_CONFIGS, get_preset
+    from turbogs.training.config import get_preset
     from turbogs.training.trainer import RunOptions, Trainer
 
     path, *options = args.capture.split(":")
     resolution = next((int(o[1:]) for o in options if o.startswith("r")), None)
     cfg = get_preset(args.preset)
-    for item in args.fields:
-        name, _, text = item.partition("=")
-        if name in ("density", "optimizer"):
-            setattr(cfg, name, (DENSITY_CONFIGS if name == "density" else OPTIMIZER_CONFIGS)[text]())
-            continue
-        value = ast.literal_eval(text)
-        *parents, last = name.split(".")
-        target = cfg
-        for parent in parents:
-            target = getattr(target, parent)
-        if not hasattr(target, last):
-            parser.error(f"no setting {name}")
-        setattr(target, last, value)
+    try:
+        apply_settings(cfg, args.fields)
+    except KeyError as error:
+        parser.error(error.args[0])
     if args.length.startswith("budget:"):
         cfg = cfg.for_run(None, float(args.length.split(":")[1]))
     else:

@@ -18,7 +18,8 @@ from test_cli import DEMO
 
 from turbogs.cli import main
 
-SCRIPTS = sorted(path.name for path in (REPO / "benchmarks").glob("*.py"))
+# The scripts: every file with a main; the others are helpers they import (config_settings.py).
+SCRIPTS = sorted(path.name for path in (REPO / "benchmarks").glob("*.py") if "__main__" in path.read_text())
 
 
 def run_script(name, *args, timeout=240):
@@ -32,6 +33,21 @@ def test_every_script_is_listed_here():
                             "memory_per_gaussian.py", "preemption.py", "profile_cpu_step.py", "refactor_identity.py", "scaling_cpu.py",
                             "sfm_unordered.py", "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here"
+
+
+def test_settings_reach_into_the_config_and_name_what_does_not_exist():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from config_settings import apply_settings
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from turbogs.training.config import get_preset
+
+    cfg = apply_settings(get_preset("turbo"), ["seed=3", "density.opacity_decay=0.8", "sampler.gamma=2.0"])
+    assert (cfg.seed, cfg.density.opacity_decay, cfg.sampler.gamma) == (3, 0.8, 2.0)
+    assert type(apply_settings(get_preset("turbo"), ["density=3dgs"]).density).__name__ == "VanillaDensityConfig"
+    with pytest.raises(KeyError, match="no setting density.no_such_field"):
+        apply_settings(get_preset("turbo"), ["density.no_such_field=1"])
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -52,7 +68,8 @@ def test_every_script_answers_help(name):
                             "--warmup", "1"]),
     ("stop_agreement.py", ["--steps", "2", "--repeats", "1", "--warmup", "1"]),
     ("preemption.py", [DEMO, "--trials", "1", "--window", "1,2"]),
-    ("antialias.py", ["--scene", f"demo={DEMO}", "--steps", "3", "--out", "{tmp}"]),
+    ("antialias.py", ["--scene", f"demo={DEMO}", "--steps", "3", "--out", "{tmp}",
+                      "--set", "density.opacity_decay=0.8"]),
     ("capture_kinds.py", ["--captures", "{tmp}", "--only", "demo", "--steps", "3", "--budget", "1", "--out",
                           "{tmp}/kinds.md"]),
     ("config_variants.py", [DEMO, "turbo", "3", "density.opacity_decay=0.5", "seed=1"]),
