@@ -10,14 +10,17 @@ from typing import Iterable
 
 
 def apply_settings(cfg, items: Iterable[str]):
-    """Set each FIELD=VALUE of `items` on `cfg` (in place; returned); KeyError names a field that
-    does not exist."""
+    """Set each FIELD=VALUE of `items` on `cfg` (in place; returned); KeyError names a field, or a
+    density or optimizer, that does not exist."""
     from turbogs.training.config import DENSITY_CONFIGS, OPTIMIZER_CONFIGS
 
     for item in items:
         name, _, text = item.partition("=")
         if name in ("density", "optimizer"):
-            setattr(cfg, name, (DENSITY_CONFIGS if name == "density" else OPTIMIZER_CONFIGS)[text]())
+            kinds = DENSITY_CONFIGS if name == "density" else OPTIMIZER_CONFIGS
+            if text not in kinds:
+                raise KeyError(f"no {name} '{text}' (choose from: {', '.join(kinds)})")
+            setattr(cfg, name, kinds[text]())
             continue
         *parents, last = name.split(".")
         target = cfg

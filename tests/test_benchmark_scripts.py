@@ -48,6 +48,8 @@ def test_settings_reach_into_the_config_and_name_what_does_not_exist():
     assert type(apply_settings(get_preset("turbo"), ["density=3dgs"]).density).__name__ == "VanillaDensityConfig"
     with pytest.raises(KeyError, match="no setting density.no_such_field"):
         apply_settings(get_preset("turbo"), ["density.no_such_field=1"])
+    with pytest.raises(KeyError, match="no density 'bogus'"):
+        apply_settings(get_preset("turbo"), ["density=bogus"])
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

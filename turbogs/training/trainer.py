@@ -148,8 +148,8 @@ class Trainer:
         data_device = options.data_device or self.device
         self.train_views = TrainingViews(scene.train, [c.image.to(data_device) for c in scene.train],
                                          [None if c.mask is None else c.mask.to(data_device) for c in scene.train],
-                                         self.device, alphas=photo_alphas(scene.train, data_device) if cfg.random_background else None,
-                                         background=self.background, seed=cfg.seed)
+                                         self.device, background=self.background, seed=cfg.seed,
+                                         alphas=photo_alphas(scene.train, data_device) if cfg.random_background else None)
         self.gaussians = initial_gaussians(scene, cfg, self.generator, self.device.type, self.log).to(self.device)
         self.optimizers = make_optimizers(self.gaussians, cfg, self.extent)
         if not cfg.sampler.tile_size == cfg.tile_loss.tile_size == TILE_SIZE:

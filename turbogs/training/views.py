@@ -161,7 +161,8 @@ class TrainingViews:
                                  "on the device")
             camera = Camera(name="", width=self.width, height=self.height, K=_row(self.Ks, view),
                             world_to_cam=_row(self.viewmats, view))
-            return camera, _row(self.image_stack, view), None if self.mask_stack is None else _row(self.mask_stack, view)
+            mask = None if self.mask_stack is None else _row(self.mask_stack, view)
+            return camera, _row(self.image_stack, view), mask
         mask = self.masks[view]
         return self.cameras[view], self.images[view].to(self.device), None if mask is None else mask.to(self.device)
 
