@@ -20,16 +20,17 @@
 //   rows of their intersections ([M, 6 + C], row = position in flatten_ids; every
 //   intersection belongs to one tile), and one serial pass adds the rows per Gaussian in
 //   intersection order. 1 and 2 threads give the same bits.
-// - Each tile first copies its Gaussians into contiguous arrays and lists, per pixel row,
-//   those that can reach the row and between which columns (`build_rows`): a Gaussian reaches
-//   a pixel only where opacity * exp(-sigma) >= ALPHA_THRESHOLD, an ellipse, while a tile's
-//   list holds every Gaussian whose 3-sigma box touches the tile. The ranges are widened by a
-//   margin: the twin's own comparison decides every case that is close.
-// - A row is composited Gaussian by Gaussian over 8 (float) columns at a time, with vector
-//   extensions and our own vector exp (rasterize_cpu_kernels.h), compiled twice: for the
-//   baseline instruction set and for AVX2, chosen at run time.
-// - The forward leaves per pixel its final transmittance and the row entry of the last
-//   Gaussian it used; the backward walks each row back to front from there, recovering each
+// - Each tile first copies its Gaussians into contiguous arrays and bounds each by the box of
+//   pixels it can reach (`bound`): a Gaussian reaches a pixel only where opacity * exp(-sigma)
+//   >= ALPHA_THRESHOLD, an ellipse, while a tile's list holds every Gaussian whose 3-sigma box
+//   touches the tile. The box is widened by a margin: the twin's own comparison decides every
+//   pixel inside it.
+// - A tile is composited Gaussian by Gaussian, each over its box's rows, 8 (float) columns at
+//   a time, with vector extensions and our own vector exp (rasterize_cpu_kernels.h), compiled
+//   twice: for the baseline instruction set and for AVX2, chosen at run time. The tile's
+//   per-pixel state (a few KB) stays in the L1 cache.
+// - The forward leaves per pixel its final transmittance and the last Gaussian it used; the
+//   backward walks the tile's Gaussians back to front from there, recovering each
 //   transmittance from the next one (T_i = T_{i+1} / (1 - alpha_i), as gsplat does) with the
 //   sum of what lies behind, as the twin's formula has it.
 //

@@ -44,57 +44,41 @@ struct TileGaussians {
     }
   }
 
-  // Per pixel row of the tile: the Gaussians, in depth order, that can pass the alpha
-  // threshold somewhere on the row, with the pixel columns [lo, hi] where they can. On row
-  // y, -sigma >= skip level is a quadratic inequality in dx (a dx^2 + 2 b dy dx + c dy^2 +
-  // 2 level <= 0), solved in double and widened by a pixel: a column outside it surely fails
-  // the exact test, which still decides every column inside. A conic that is not positive
-  // definite, or an opacity that is not positive, keeps the whole row.
-  std::vector<int32_t> row_begin, row_k, row_lo, row_hi;
+  // Per Gaussian, the tile-relative rows [row_lo, row_hi] and columns [col_lo, col_hi] of
+  // the box around the ellipse where it can pass the alpha threshold: -sigma >= skip level,
+  // i.e. a dx^2 + 2 b dx dy + c dy^2 <= -2 level, whose extent is dy^2 <= -2 a level / det
+  // and dx^2 <= -2 c level / det. Solved in double and widened by a pixel: a pixel outside it
+  // surely fails the exact test, which still decides every pixel inside. A conic that is not
+  // positive definite, or an opacity that is not positive, keeps the whole tile; an empty box
+  // (its opacity is below the threshold) has row_lo > row_hi.
+  std::vector<int32_t> row_lo, row_hi, col_lo, col_hi;
 
-  void build_rows(int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
-    // Gaussian by Gaussian (depth order is kept within each row), over the rows it reaches:
-    // on row y the quadratic has a root only where dy^2 <= -2 a level / det.
-    per_row.resize(rows);
-    for (auto& list : per_row) list.clear();
+  void bound(int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
+    for (auto* v : {&row_lo, &row_hi, &col_lo, &col_hi}) v->resize(count);
     for (int64_t k = 0; k < count; ++k) {
       const double qa = a[k], qb = b[k], qc = c[k], level = skip_below[k];
       const double gx = mx[k], gy = my[k], det = qa * qc - qb * qb;
-      if (!(qa > 0 && det > 0 && std::isfinite(level) && std::isfinite(gx) && std::isfinite(gy))) {
-        for (int64_t r = 0; r < rows; ++r) per_row[r].push_back({static_cast<int32_t>(k), 0, static_cast<int32_t>(cols - 1)});
+      row_lo[k] = 0, row_hi[k] = static_cast<int32_t>(rows - 1);
+      col_lo[k] = 0, col_hi[k] = static_cast<int32_t>(cols - 1);
+      if (!(qa > 0 && det > 0 && std::isfinite(level) && std::isfinite(gx) && std::isfinite(gy))) continue;
+      const double reach_y2 = -2 * qa * level / det, reach_x2 = -2 * qc * level / det;
+      if (!(reach_y2 >= 0 && reach_x2 >= 0)) {
+        row_lo[k] = 1, row_hi[k] = 0;
         continue;
       }
-      const double reach2 = -2 * qa * level / det;
-      if (!(reach2 >= 0)) continue;  // its opacity is below the threshold: it reaches no pixel
-      const double reach = std::sqrt(reach2);
-      const int64_t r_lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(std::ceil(gy - reach - 0.5 - y0) - 1, -1.0)));
-      const int64_t r_hi = std::min<int64_t>(rows - 1, static_cast<int64_t>(std::min(std::floor(gy + reach - 0.5 - y0) + 1,
-                                                                                       static_cast<double>(rows))));
-      for (int64_t r = r_lo; r <= r_hi; ++r) {
-        const double dy = gy - (static_cast<double>(y0 + r) + 0.5);
-        const double disc = qb * qb * dy * dy - qa * (qc * dy * dy + 2 * level);
-        if (disc < 0) continue;
-        const double root = std::sqrt(disc);
-        // dx = mx - px in [(-b dy - root) / a, (-b dy + root) / a]; px = x0 + col + 0.5.
-        const double col_lo = std::floor(gx - (-qb * dy + root) / qa - 0.5 - static_cast<double>(x0)) - 1;
-        const double col_hi = std::ceil(gx - (-qb * dy - root) / qa - 0.5 - static_cast<double>(x0)) + 1;
-        if (col_hi < 0 || col_lo > static_cast<double>(cols - 1)) continue;
-        const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(std::max(col_lo, -1.0)));
-        const int64_t hi = std::min<int64_t>(cols - 1, static_cast<int64_t>(std::min(col_hi, static_cast<double>(cols))));
-        per_row[r].push_back({static_cast<int32_t>(k), static_cast<int32_t>(lo), static_cast<int32_t>(hi)});
-      }
+      // Pixel row r has its center at y0 + r + 0.5 (columns alike): keep the ones within reach.
+      const double reach_y = std::sqrt(reach_y2), reach_x = std::sqrt(reach_x2);
+      const double r0 = std::ceil(gy - reach_y - 0.5 - static_cast<double>(y0)) - 1;
+      const double r1 = std::floor(gy + reach_y - 0.5 - static_cast<double>(y0)) + 1;
+      const double c0 = std::ceil(gx - reach_x - 0.5 - static_cast<double>(x0)) - 1;
+      const double c1 = std::floor(gx + reach_x - 0.5 - static_cast<double>(x0)) + 1;
+      // Clamped before the casts (a far-off mean must not overflow an int): lo in [0, n], hi in [-1, n - 1].
+      const auto clamp = [](double v, double lo, double hi) { return static_cast<int32_t>(std::min(std::max(v, lo), hi)); };
+      row_lo[k] = clamp(r0, 0, rows), row_hi[k] = clamp(r1, -1, rows - 1);
+      col_lo[k] = clamp(c0, 0, cols), col_hi[k] = clamp(c1, -1, cols - 1);
+      if (col_lo[k] > col_hi[k]) row_lo[k] = 1, row_hi[k] = 0;
     }
-    row_begin.assign(rows + 1, 0);
-    row_k.clear(), row_lo.clear(), row_hi.clear();
-    for (int64_t r = 0; r < rows; ++r) {
-      row_begin[r] = static_cast<int32_t>(row_k.size());
-      for (const auto& entry : per_row[r]) {
-        row_k.push_back(entry[0]), row_lo.push_back(entry[1]), row_hi.push_back(entry[2]);
-      }
-    }
-    row_begin[rows] = static_cast<int32_t>(row_k.size());
   }
-  std::vector<std::vector<std::array<int32_t, 3>>> per_row;
 
   // One Gaussian's exponent terms on one row: -sigma = (x_term + y_term) + cross * dy, each
   // computed as the twin computes it, in the same order (no fused multiply-add: the module is
@@ -190,74 +174,84 @@ struct GaussianOnRow {
   }
 };
 
-// One pixel row of a tile, composited Gaussian by Gaussian (front to back), kLanes columns
-// at a time. Per column the arithmetic and its order are exactly a pixel's own front-to-back
-// loop. Besides color and alpha it leaves, per column, the final transmittance and the row
-// entry of the last Gaussian the pixel used (-1: none), from which the backward pass walks
-// back to front without compositing again.
+// One tile, composited Gaussian by Gaussian (front to back), each over the rows and columns
+// of its box, kLanes columns at a time. Per pixel the arithmetic and its order are exactly the
+// pixel's own front-to-back loop. Why Gaussian by Gaussian rather than pixel row by row: a
+// Gaussian's constants are loaded once for all its rows, and no per-row list of Gaussians has
+// to be built (that list cost a quarter of the kernels' time). Besides color and alpha it
+// leaves per pixel the final transmittance and the tile index of the last Gaussian the pixel
+// used (-1: none), from which the backward pass walks back to front without compositing again.
 template <typename scalar_t>
-struct Row {
+struct TileForward {
   typedef Simd<scalar_t> S;
   typedef typename S::V V;
   typedef typename S::M M;
   int64_t stride = 0, channels = 0;  // stride: the tile's width rounded up to whole vectors
-  std::vector<scalar_t> transmittance, acc, rgb, weight, done, last;  // rgb: [channels][stride]
+  // [rows][stride] each; rgb [channels][rows][stride]. row_live: a pixel of the row still open.
+  std::vector<scalar_t> transmittance, acc, done, last, rgb;
+  std::vector<char> row_live;
 
   void resize(int64_t tile_size, int64_t num_channels) {
     channels = num_channels;
     stride = (tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
-    for (auto* v : {&transmittance, &acc, &weight, &done, &last}) v->resize(stride);
-    rgb.resize(stride * num_channels);
+    for (auto* v : {&transmittance, &acc, &done, &last}) v->resize(tile_size * stride);
+    rgb.resize(num_channels * tile_size * stride);
+    row_live.resize(tile_size);
   }
 
-  void composite(const TileGaussians<scalar_t>& gs, int32_t begin, int32_t end, int64_t x0, int64_t y,
-                 int64_t cols, const Rules<scalar_t>& rules) {
+  // Whether any pixel of the tile is still open; updates row_live.
+  bool update_live(int64_t rows, int64_t cols) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      bool live = false;
+      for (int64_t c = 0; c < cols; ++c) live |= done[r * stride + c] == 0;
+      row_live[r] = live;
+      any |= live;
+    }
+    return any;
+  }
+
+  void composite(const TileGaussians<scalar_t>& gs, int64_t x0, int64_t y0, int64_t rows, int64_t cols,
+                 const Rules<scalar_t>& rules) {
     std::fill(transmittance.begin(), transmittance.end(), scalar_t(1));
     std::fill(acc.begin(), acc.end(), scalar_t(0));
     std::fill(done.begin(), done.end(), scalar_t(0));
     std::fill(last.begin(), last.end(), scalar_t(-1));
     std::fill(rgb.begin(), rgb.end(), scalar_t(0));
-    const scalar_t py = static_cast<scalar_t>(y) + static_cast<scalar_t>(0.5);
+    std::fill(row_live.begin(), row_live.end(), 1);
+    const int64_t plane = rows * stride;
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
     const V min_transmittance = S::splat(rules.min_transmittance);
-    int64_t live = cols;
-    for (int32_t e = begin; e < end && live > 0; ++e) {
-      const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
-      const GaussianOnRow<scalar_t> gauss(gs, k, py);
-      const V entry = S::splat(static_cast<scalar_t>(e - begin));
-      M kept_any = M{};
-      for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
-        const V col = iota + static_cast<scalar_t>(c0);
-        M on;
-        V dx;
-        const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
-        on &= (S::load(&done[c0]) == zero) & (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
-        const V alpha = on ? raw_alpha : zero;
-        const V t = S::load(&transmittance[c0]);
-        const V after = t * (one - alpha);
-        const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
-        const M kept = on & ~stop;
-        const V w = kept ? alpha * t : zero;
-        S::store(&weight[c0], w);
-        S::store(&acc[c0], S::load(&acc[c0]) + w);
-        S::store(&transmittance[c0], kept ? after : t);
-        S::store(&done[c0], stop ? one : S::load(&done[c0]));
-        S::store(&last[c0], kept ? entry : S::load(&last[c0]));
-        kept_any |= kept;
-      }
-      bool any = false;
-      for (int i = 0; i < S::kLanes; ++i) any |= kept_any[i] != 0;
-      if (!any) continue;
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        const scalar_t color = gs.colors[k * channels + ch];
-        scalar_t* out = &rgb[ch * stride];
+    for (int64_t k = 0; k < gs.count; ++k) {
+      if ((k & 15) == 15 && !update_live(rows, cols)) break;
+      const int64_t lo = gs.col_lo[k], hi = gs.col_hi[k];
+      const V entry = S::splat(static_cast<scalar_t>(k));
+      const scalar_t* color = &gs.colors[k * channels];
+      for (int64_t r = gs.row_lo[k]; r <= gs.row_hi[k]; ++r) {
+        if (!row_live[r]) continue;
+        const GaussianOnRow<scalar_t> gauss(gs, k, static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
         for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
-          S::store(&out[c0], S::load(&out[c0]) + S::load(&weight[c0]) * color);
+          const int64_t p = r * stride + c0;
+          const V col = iota + static_cast<scalar_t>(c0);
+          M on;
+          V dx;
+          const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
+          on &= (S::load(&done[p]) == zero) & (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
+          const V alpha = on ? raw_alpha : zero;
+          const V t = S::load(&transmittance[p]);
+          const V after = t * (one - alpha);
+          const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
+          const M kept = on & ~stop;
+          const V w = alpha * t;
+          S::store(&acc[p], kept ? S::load(&acc[p]) + w : S::load(&acc[p]));
+          S::store(&transmittance[p], kept ? after : t);
+          S::store(&done[p], stop ? one : S::load(&done[p]));
+          S::store(&last[p], kept ? entry : S::load(&last[p]));
+          for (int64_t ch = 0; ch < channels; ++ch) {
+            scalar_t* out = &rgb[ch * plane + p];
+            S::store(out, kept ? S::load(out) + w * color[ch] : S::load(out));
+          }
         }
-      }
-      if ((e & 15) == 15) {
-        live = 0;
-        for (int64_t c = 0; c < cols; ++c) live += done[c] == 0;
       }
     }
   }
@@ -302,7 +296,7 @@ void for_each_tile(int64_t num_tiles, std::atomic<int64_t>& next_tile, const Bod
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
 }
 
-// Loads listed tile i into `gs` and its row lists; returns its pixel origin and size.
+// Loads listed tile i into `gs` with its Gaussians' boxes; returns its pixel origin and size.
 template <typename scalar_t>
 void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaussians<scalar_t>& gs, int64_t& start,
                int64_t& x0, int64_t& y0, int64_t& rows, int64_t& cols) {
@@ -314,7 +308,7 @@ void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaus
   y0 = (t / grid.tile_width) * grid.tile_size;
   rows = std::min(grid.tile_size, grid.height - y0);
   cols = std::min(grid.tile_size, grid.width - x0);
-  gs.build_rows(x0, y0, rows, cols);
+  gs.bound(x0, y0, rows, cols);
 }
 
 template <typename scalar_t>
@@ -325,48 +319,54 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
   std::atomic<int64_t> next_tile(0);
   for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
-    Row<scalar_t> row;
-    row.resize(grid.tile_size, channels);
+    TileForward<scalar_t> tile;
+    tile.resize(grid.tile_size, channels);
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      tile.composite(gs, x0, y0, rows, cols, rules);
+      const int64_t plane = rows * tile.stride;
       for (int64_t r = 0; r < rows; ++r) {
-        row.composite(gs, gs.row_begin[r], gs.row_begin[r + 1], x0, y0 + r, cols, rules);
         for (int64_t col = 0; col < cols; ++col) {
-          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
-          const scalar_t t_final = 1 - row.acc[col];
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col, p = r * tile.stride + col;
+          const scalar_t t_final = 1 - tile.acc[p];
           for (int64_t ch = 0; ch < channels; ++ch) {
-            const scalar_t rgb = row.rgb[ch * row.stride + col];
+            const scalar_t rgb = tile.rgb[ch * plane + p];
             out[pixel * channels + ch] = in.background ? rgb + t_final * in.background[ch] : rgb;
           }
-          out_alpha[pixel] = row.acc[col];
-          out_transmittance[pixel] = row.transmittance[col];
-          out_last[pixel] = row.last[col];
+          out_alpha[pixel] = tile.acc[p];
+          out_transmittance[pixel] = tile.transmittance[p];
+          out_last[pixel] = tile.last[p];
         }
       }
     }
   });
 }
 
-// Per-column scratch of the backward pass of one row ([stride] each, g_rgb [channels][stride];
-// columns past the tile's last one hold zeros and use no Gaussian).
+// Per-pixel state of the backward pass of one tile ([rows][stride] each, g_rgb
+// [channels][rows][stride]; columns past the tile's last one hold zeros and use no Gaussian).
 template <typename scalar_t>
-struct RowGrads {
+struct TileGrads {
   std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, transmittance, last;
-  std::vector<scalar_t> tile_sums;  // [Gaussians of the tile][6 + channels][stride]
+  std::vector<scalar_t> row_last;  // per row, the latest Gaussian any of its pixels used
+  std::vector<scalar_t> sums;      // one Gaussian's [6 + channels][stride] sums over its rows
 
-  void resize(int64_t stride, int64_t channels) {
-    g_rgb.resize(stride * channels);
-    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &transmittance, &last}) x->resize(stride);
+  void resize(int64_t tile_size, int64_t stride, int64_t channels) {
+    g_rgb.resize(channels * tile_size * stride);
+    for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &transmittance, &last}) x->resize(tile_size * stride);
+    row_last.resize(tile_size);
+    sums.resize((kParams + channels) * stride);
   }
 };
 
-// The backward pass walks each row's Gaussians back to front from the last one each pixel
+// The backward pass walks each tile's Gaussians back to front from the last one any pixel
 // used (the forward pass's `last`), recovering the transmittance before each from the one
 // after it, T_i = T_{i+1} / (1 - alpha_i), as gsplat's backward does, from the final one. With
 // T_i and w_i = alpha_i T_i, for every Gaussian i that a pixel used,
 //   d out / d alpha_i = (T_{i+1} c_i - sum_{j > i} w_j c_j - T_final bg) / (1 - alpha_i)
-// (the twin's formula, with T_final = 1 - the output alpha, as the twin has it).
+// (the twin's formula, with T_final = 1 - the output alpha, as the twin has it). A Gaussian's
+// terms are summed per column over its rows in row order, then over the columns in column
+// order (no reassociation anywhere: the same bits always), into its intersection's row.
 template <typename scalar_t>
 void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t* out_alpha,
                    const scalar_t* out_transmittance, const scalar_t* out_last, const scalar_t* g_img,
@@ -379,76 +379,84 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
   std::atomic<int64_t> next_tile(0);
   for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
-    RowGrads<scalar_t> rg;
+    TileGrads<scalar_t> tg;
     const int64_t stride = (grid.tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
-    rg.resize(stride, channels);
+    tg.resize(grid.tile_size, stride, channels);
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
     const V minus_half = S::splat(static_cast<scalar_t>(-0.5));
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
-      // Per (Gaussian of the tile, parameter, column) sums over the tile's rows, summed over the
-      // columns once at the end of the tile, in column order (no reassociation anywhere: the
-      // same bits always), into this tile's intersections' rows (its own).
-      rg.tile_sums.assign(static_cast<size_t>(gs.count) * row_size * stride, scalar_t(0));
+      const int64_t plane = rows * stride;
+      for (auto* x : {&tg.g_rgb, &tg.g_acc, &tg.t_final, &tg.bg_dot, &tg.behind, &tg.transmittance}) {
+        std::fill(x->begin(), x->end(), scalar_t(0));
+      }
+      std::fill(tg.last.begin(), tg.last.end(), scalar_t(-1));
       scalar_t* bg_sum = tile_bg + i * channels;
       std::fill(bg_sum, bg_sum + channels, scalar_t(0));
+      scalar_t tile_last = -1;
       for (int64_t r = 0; r < rows; ++r) {
-        const int32_t list_begin = gs.row_begin[r];
-        std::fill(rg.g_rgb.begin(), rg.g_rgb.end(), scalar_t(0));
-        for (auto* x : {&rg.g_acc, &rg.t_final, &rg.bg_dot, &rg.behind, &rg.transmittance}) {
-          std::fill(x->begin(), x->end(), scalar_t(0));
-        }
-        std::fill(rg.last.begin(), rg.last.end(), scalar_t(-1));
-        scalar_t last_used = -1;
+        tg.row_last[r] = -1;
         for (int64_t col = 0; col < cols; ++col) {
-          const int64_t pixel = (y0 + r) * grid.width + x0 + col;
-          rg.g_acc[col] = g_alpha[pixel];
-          rg.t_final[col] = 1 - out_alpha[pixel];
-          rg.transmittance[col] = out_transmittance[pixel];
-          rg.last[col] = out_last[pixel];
-          last_used = std::max(last_used, out_last[pixel]);
+          const int64_t pixel = (y0 + r) * grid.width + x0 + col, p = r * stride + col;
+          tg.g_acc[p] = g_alpha[pixel];
+          tg.t_final[p] = 1 - out_alpha[pixel];
+          tg.transmittance[p] = out_transmittance[pixel];
+          tg.last[p] = out_last[pixel];
+          tg.row_last[r] = std::max(tg.row_last[r], out_last[pixel]);
           scalar_t dot = 0;
           for (int64_t ch = 0; ch < channels; ++ch) {
             const scalar_t g = g_img[pixel * channels + ch];
-            rg.g_rgb[ch * stride + col] = g;
+            tg.g_rgb[ch * plane + p] = g;
             if (in.background) {
               dot += g * in.background[ch];
-              bg_sum[ch] += rg.t_final[col] * g;
+              bg_sum[ch] += tg.t_final[p] * g;
             }
           }
-          rg.bg_dot[col] = dot;
+          tg.bg_dot[p] = dot;
         }
-        const scalar_t py = static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5);
-        // Back to front; behind[col] is the sum over the later Gaussians j of w_j v_j.
-        for (int32_t e = list_begin + static_cast<int32_t>(last_used); e >= list_begin; --e) {
-          const int64_t k = gs.row_k[e], lo = gs.row_lo[e], hi = gs.row_hi[e];
-          const GaussianOnRow<scalar_t> gauss(gs, k, py);
-          const V entry = S::splat(static_cast<scalar_t>(e - list_begin));
-          const scalar_t* ck = &gs.colors[k * channels];
-          const scalar_t mx = gs.mx[k], dy = gauss.dy, minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
-          scalar_t* sums = &rg.tile_sums[static_cast<size_t>(k) * row_size * stride];
-          for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
+        tile_last = std::max(tile_last, tg.row_last[r]);
+      }
+      scalar_t* tile_rows = pairs + start * row_size;
+      // Gaussians after the last one used get nothing.
+      std::fill(tile_rows + (static_cast<int64_t>(tile_last) + 1) * row_size, tile_rows + gs.count * row_size,
+                scalar_t(0));
+      // Back to front; behind[p] is the sum over the later Gaussians j of w_j v_j.
+      for (int64_t k = static_cast<int64_t>(tile_last); k >= 0; --k) {
+        const int64_t lo = gs.col_lo[k], hi = gs.col_hi[k], first = lo - lo % S::kLanes;
+        const V entry = S::splat(static_cast<scalar_t>(k));
+        const scalar_t* ck = &gs.colors[k * channels];
+        const scalar_t minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
+        std::fill(tg.sums.begin(), tg.sums.end(), scalar_t(0));
+        scalar_t* sums = tg.sums.data();
+        bool used = false;
+        for (int64_t r = gs.row_lo[k]; r <= gs.row_hi[k]; ++r) {
+          if (static_cast<scalar_t>(k) > tg.row_last[r]) continue;  // no pixel of the row used it
+          const GaussianOnRow<scalar_t> gauss(gs, k, static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
+          const scalar_t dy = gauss.dy;
+          for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) {
+            const int64_t p = r * stride + c0;
             const V col = iota + static_cast<scalar_t>(c0);
             M on;
             V dx;
             const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
             // Used by the pixel: kept by the twin's rules, at or before the pixel's last one.
-            on &= (entry <= S::load(&rg.last[c0])) & (col >= static_cast<scalar_t>(lo)) &
+            on &= (entry <= S::load(&tg.last[p])) & (col >= static_cast<scalar_t>(lo)) &
                   (col <= static_cast<scalar_t>(hi));
             bool any = false;
             for (int l = 0; l < S::kLanes; ++l) any |= on[l] != 0;
             if (!any) continue;  // no pixel of these columns used it: every term is 0
+            used = true;
             const V alpha = on ? raw_alpha : zero;
-            const V t_after = S::load(&rg.transmittance[c0]);
+            const V t_after = S::load(&tg.transmittance[p]);
             const V before = on ? t_after / (one - alpha) : t_after;
-            V v = S::load(&rg.g_acc[c0]);  // the output gradient seen through its color (alpha: 1)
-            for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&rg.g_rgb[ch * stride + c0]) * ck[ch];
+            V v = S::load(&tg.g_acc[p]);  // the output gradient seen through its color (alpha: 1)
+            for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&tg.g_rgb[ch * plane + p]) * ck[ch];
             const V w = alpha * before;
-            const V t_final = S::load(&rg.t_final[c0]);
+            const V t_final = S::load(&tg.t_final[p]);
             const V smaller = t_final < t_after ? t_final : t_after;
-            const V behind = S::load(&rg.behind[c0]);
-            const V grad_alpha = (t_after * v - behind - smaller * S::load(&rg.bg_dot[c0])) / (one - alpha);
+            const V behind = S::load(&tg.behind[p]);
+            const V grad_alpha = (t_after * v - behind - smaller * S::load(&tg.bg_dot[p])) / (one - alpha);
             // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
             const M passes = on & (alpha < max_alpha);
             const V g = passes ? grad_alpha * alpha : zero;
@@ -460,19 +468,20 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
             S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
             for (int64_t ch = 0; ch < channels; ++ch) {
               scalar_t* out = &sums[(kParams + ch) * stride + c0];
-              S::store(out, S::load(out) + w * S::load(&rg.g_rgb[ch * stride + c0]));
+              S::store(out, S::load(out) + w * S::load(&tg.g_rgb[ch * plane + p]));
             }
-            S::store(&rg.behind[c0], behind + w * v);
-            S::store(&rg.transmittance[c0], before);
+            S::store(&tg.behind[p], behind + w * v);
+            S::store(&tg.transmittance[p], before);
           }
         }
-      }
-      scalar_t* tile_rows = pairs + start * row_size;
-      for (int64_t k = 0; k < gs.count * row_size; ++k) {
-        const scalar_t* by_column = &rg.tile_sums[static_cast<size_t>(k) * stride];
-        scalar_t sum = 0;
-        for (int64_t col = 0; col < stride; ++col) sum += by_column[col];
-        tile_rows[k] = sum;
+        scalar_t* grads = tile_rows + k * row_size;
+        for (int64_t q = 0; q < row_size; ++q) {
+          scalar_t sum = 0;
+          if (used) {
+            for (int64_t col = 0; col < stride; ++col) sum += sums[q * stride + col];
+          }
+          grads[q] = sum;
+        }
       }
     }
   });
