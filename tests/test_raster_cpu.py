@@ -149,6 +149,22 @@ def test_native_matches_the_twin(case, seed):
         assert float(native[2][0][: 6].abs().sum()) > 0  # the pile's tile is rendered: it has gradients
 
 
+@pytest.mark.parametrize("channels", [3, 6])
+def test_any_channel_count_and_odd_splats_match_the_twin(channels):
+    """RGB alone and a count the kernels read at run time (4 and 5 are covered above); with
+    conics that are not positive definite (they may cover a whole tile: the twin keeps them
+    where -sigma <= 0), a zero opacity and one below the alpha threshold."""
+    means2d, conics, colors, opacities, radii, depths = make_scene(250, 4, channels=channels)
+    conics[10:13, 1] = conics[10:13, 0] * 2 + conics[10:13, 2]  # b^2 > a c: indefinite
+    conics[13, 0] = -conics[13, 0]  # negative definite
+    opacities[14], opacities[15] = 0.0, 0.5 / 255
+    scene = [means2d, conics, colors, opacities, radii, depths]
+    background = torch.linspace(0.1, 0.9, channels)
+    for mask in (None, tile_mask_for("half", 4)):
+        assert_agree(render_with(raster_cpu, scene, mask, background), render_with(raster_torch, scene, mask, background),
+                     1e-5, 1e-4)
+
+
 def test_float64_matches_the_twin_closely():
     scene = make_scene(120, 3, dtype=torch.float64)
     background = torch.tensor([0.3, 0.1, 0.7, 0.0, 0.0], dtype=torch.float64)

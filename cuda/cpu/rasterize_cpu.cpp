@@ -49,6 +49,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr double kAlphaThreshold = 1.0 / 255.0;
@@ -70,9 +74,11 @@ namespace base {
 #define TURBOGS_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#define TURBOGS_KERNELS_AVX2 1
 namespace avx2 {
 #include "rasterize_cpu_kernels.h"
 }  // namespace avx2
+#undef TURBOGS_KERNELS_AVX2
 #pragma GCC pop_options
 #endif
 

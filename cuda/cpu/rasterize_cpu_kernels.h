@@ -13,19 +13,63 @@ struct Rules {
   scalar_t min_transmittance = static_cast<scalar_t>(kMinTransmittance);
 };
 
+// Per Gaussian, what does not depend on the tile, computed once per pass (not once per tile
+// it touches: the log and the square roots were a tenth of the kernels' time): whether its
+// conic is positive definite, and the half extents of the ellipse where it can pass the alpha
+// threshold, -sigma >= skip level, i.e. a dx^2 + 2 b dx dy + c dy^2 <= -2 level, which spans
+// dy^2 <= -2 a level / det and dx^2 <= -2 c level / det. The skip level is log(threshold /
+// opacity) less a margin far above exp's rounding: a pixel outside the ellipse surely fails the
+// exact test, which still decides every pixel inside. A conic that is not positive definite,
+// a position that is not finite or an opacity that is not positive: reach the whole tile; an
+// opacity below the threshold: reach nothing.
+template <typename scalar_t>
+struct GaussianReach {
+  enum Kind : char { kEllipse, kWholeTile, kNothing };
+  std::vector<double> reach_x, reach_y;
+  std::vector<scalar_t> level;
+  std::vector<char> kind, positive_definite;
+
+  GaussianReach(const scalar_t* means2d, const scalar_t* conics, const scalar_t* opacities, int64_t n)
+      : reach_x(n), reach_y(n), level(n), kind(n), positive_definite(n) {
+    at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        const scalar_t a = conics[3 * g], b = conics[3 * g + 1], c = conics[3 * g + 2];
+        positive_definite[g] = a > 0 && a * c - b * b > 0;
+        const double o = static_cast<double>(opacities[g]);
+        level[g] = o > 0 ? static_cast<scalar_t>(std::log(kAlphaThreshold / o) - kSkipMargin)
+                         : -std::numeric_limits<scalar_t>::infinity();
+        const double qa = a, qb = b, qc = c, det = qa * qc - qb * qb;
+        const double gx = means2d[2 * g], gy = means2d[2 * g + 1];
+        kind[g] = kWholeTile;
+        if (!(qa > 0 && det > 0 && std::isfinite(level[g]) && std::isfinite(gx) && std::isfinite(gy))) continue;
+        const double reach_y2 = -2 * qa * level[g] / det, reach_x2 = -2 * qc * level[g] / det;
+        kind[g] = reach_y2 >= 0 && reach_x2 >= 0 ? kEllipse : kNothing;
+        if (kind[g] == kEllipse) reach_x[g] = std::sqrt(reach_x2), reach_y[g] = std::sqrt(reach_y2);
+      }
+    });
+  }
+};
+
 // One tile's Gaussians, copied in depth order.
 template <typename scalar_t>
 struct TileGaussians {
-  std::vector<scalar_t> mx, my, a, b, c, opacity, skip_below, colors;
+  std::vector<scalar_t> mx, my, a, b, c, opacity, skip_below, colors;  // skip_below: GaussianReach::level
   std::vector<char> positive_definite;
   int64_t count = 0;
+  // Per Gaussian, the tile-relative rows [row_lo, row_hi] and columns [col_lo, col_hi] of the
+  // box around its reach (GaussianReach), widened by a pixel; row_lo > row_hi: none.
+  std::vector<int32_t> row_lo, row_hi, col_lo, col_hi;
 
   void load(int64_t start, int64_t end, const int32_t* ids, const scalar_t* means2d, const scalar_t* conics,
-            const scalar_t* opacities, const scalar_t* all_colors, int64_t channels) {
+            const scalar_t* opacities, const scalar_t* all_colors, int64_t channels,
+            const GaussianReach<scalar_t>& reach, int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
     count = end - start;
     for (auto* v : {&mx, &my, &a, &b, &c, &opacity, &skip_below}) v->resize(count);
+    for (auto* v : {&row_lo, &row_hi, &col_lo, &col_hi}) v->resize(count);
     positive_definite.resize(count);
     colors.resize(count * channels);
+    // Clamped before the casts (a far-off mean must not overflow an int): lo in [0, n], hi in [-1, n - 1].
+    const auto clamp = [](double v, double lo, double hi) { return static_cast<int32_t>(std::min(std::max(v, lo), hi)); };
     for (int64_t k = 0; k < count; ++k) {
       const int64_t g = ids[start + k];
       mx[k] = means2d[2 * g];
@@ -34,48 +78,22 @@ struct TileGaussians {
       b[k] = conics[3 * g + 1];
       c[k] = conics[3 * g + 2];
       opacity[k] = opacities[g];
-      positive_definite[k] = a[k] > 0 && a[k] * c[k] - b[k] * b[k] > 0;
-      // -sigma below log(threshold / opacity) - margin: opacity * exp(-sigma) is surely below
-      // the threshold. No positive opacity (or NaN): never skipped here, the exact test decides.
-      const double o = static_cast<double>(opacity[k]);
-      skip_below[k] = o > 0 ? static_cast<scalar_t>(std::log(kAlphaThreshold / o) - kSkipMargin)
-                            : -std::numeric_limits<scalar_t>::infinity();
+      positive_definite[k] = reach.positive_definite[g];
+      skip_below[k] = reach.level[g];
       for (int64_t ch = 0; ch < channels; ++ch) colors[k * channels + ch] = all_colors[g * channels + ch];
-    }
-  }
-
-  // Per Gaussian, the tile-relative rows [row_lo, row_hi] and columns [col_lo, col_hi] of
-  // the box around the ellipse where it can pass the alpha threshold: -sigma >= skip level,
-  // i.e. a dx^2 + 2 b dx dy + c dy^2 <= -2 level, whose extent is dy^2 <= -2 a level / det
-  // and dx^2 <= -2 c level / det. Solved in double and widened by a pixel: a pixel outside it
-  // surely fails the exact test, which still decides every pixel inside. A conic that is not
-  // positive definite, or an opacity that is not positive, keeps the whole tile; an empty box
-  // (its opacity is below the threshold) has row_lo > row_hi.
-  std::vector<int32_t> row_lo, row_hi, col_lo, col_hi;
-
-  void bound(int64_t x0, int64_t y0, int64_t rows, int64_t cols) {
-    for (auto* v : {&row_lo, &row_hi, &col_lo, &col_hi}) v->resize(count);
-    for (int64_t k = 0; k < count; ++k) {
-      const double qa = a[k], qb = b[k], qc = c[k], level = skip_below[k];
-      const double gx = mx[k], gy = my[k], det = qa * qc - qb * qb;
       row_lo[k] = 0, row_hi[k] = static_cast<int32_t>(rows - 1);
       col_lo[k] = 0, col_hi[k] = static_cast<int32_t>(cols - 1);
-      if (!(qa > 0 && det > 0 && std::isfinite(level) && std::isfinite(gx) && std::isfinite(gy))) continue;
-      const double reach_y2 = -2 * qa * level / det, reach_x2 = -2 * qc * level / det;
-      if (!(reach_y2 >= 0 && reach_x2 >= 0)) {
+      if (reach.kind[g] == GaussianReach<scalar_t>::kWholeTile) continue;
+      if (reach.kind[g] == GaussianReach<scalar_t>::kNothing) {
         row_lo[k] = 1, row_hi[k] = 0;
         continue;
       }
       // Pixel row r has its center at y0 + r + 0.5 (columns alike): keep the ones within reach.
-      const double reach_y = std::sqrt(reach_y2), reach_x = std::sqrt(reach_x2);
-      const double r0 = std::ceil(gy - reach_y - 0.5 - static_cast<double>(y0)) - 1;
-      const double r1 = std::floor(gy + reach_y - 0.5 - static_cast<double>(y0)) + 1;
-      const double c0 = std::ceil(gx - reach_x - 0.5 - static_cast<double>(x0)) - 1;
-      const double c1 = std::floor(gx + reach_x - 0.5 - static_cast<double>(x0)) + 1;
-      // Clamped before the casts (a far-off mean must not overflow an int): lo in [0, n], hi in [-1, n - 1].
-      const auto clamp = [](double v, double lo, double hi) { return static_cast<int32_t>(std::min(std::max(v, lo), hi)); };
-      row_lo[k] = clamp(r0, 0, rows), row_hi[k] = clamp(r1, -1, rows - 1);
-      col_lo[k] = clamp(c0, 0, cols), col_hi[k] = clamp(c1, -1, cols - 1);
+      const double gx = mx[k], gy = my[k], reach_x = reach.reach_x[g], reach_y = reach.reach_y[g];
+      row_lo[k] = clamp(std::ceil(gy - reach_y - 0.5 - static_cast<double>(y0)) - 1, 0, rows);
+      row_hi[k] = clamp(std::floor(gy + reach_y - 0.5 - static_cast<double>(y0)) + 1, -1, rows - 1);
+      col_lo[k] = clamp(std::ceil(gx - reach_x - 0.5 - static_cast<double>(x0)) - 1, 0, cols);
+      col_hi[k] = clamp(std::floor(gx + reach_x - 0.5 - static_cast<double>(x0)) + 1, -1, cols - 1);
       if (col_lo[k] > col_hi[k]) row_lo[k] = 1, row_hi[k] = 0;
     }
   }
@@ -112,6 +130,26 @@ struct Simd {
   }
 };
 
+// Whether any lane of a mask is set: one movemask where the instruction set has it (the loop
+// of lane reads it replaces was a tenth of the backward's time), else lane by lane.
+template <typename M>
+inline bool any_lane(const M& m) {
+#if defined(TURBOGS_KERNELS_AVX2)
+  __m256i v;
+  std::memcpy(&v, &m, sizeof(v));
+  return !_mm256_testz_si256(v, v);
+#elif defined(__SSE2__)
+  __m128i lo, hi;
+  std::memcpy(&lo, &m, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&m) + sizeof(lo), sizeof(hi));
+  return _mm_movemask_epi8(_mm_or_si128(lo, hi)) != 0;
+#else
+  bool any = false;
+  for (size_t l = 0; l < sizeof(M) / sizeof(m[0]); ++l) any |= m[l] != 0;
+  return any;
+#endif
+}
+
 // exp for float32 lanes: Cody-Waite reduction to |r| <= ln2 / 2 and a degree-7 Taylor
 // polynomial (truncation 5e-9, under half an ulp), then 2^n from the exponent bits: within
 // 2 ulp of the correctly rounded value, as torch's own vectorized exp is. Double lanes (the
@@ -126,14 +164,12 @@ inline Simd<float>::V vector_exp(Simd<float>::V x) {
   const V t = x * 1.44269504f + shifter;
   const V n = t - shifter;
   const V r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  V p = Simd<float>::splat(1.0f / 5040.0f);
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  // The polynomial by Estrin's scheme (four independent pairs, then r^2 and r^4): a chain of
+  // 6 dependent operations instead of Horner's 14, which the pixels' compositing waited on.
+  const V r2 = r * r, r4 = r2 * r2;
+  const V p01 = r + 1.0f, p23 = r * (1.0f / 6.0f) + 0.5f;
+  const V p45 = r * (1.0f / 120.0f) + 1.0f / 24.0f, p67 = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+  const V p = (p01 + r2 * p23) + r4 * (p45 + r2 * p67);
   M bits;
   std::memcpy(&bits, &t, sizeof(bits));  // t's low mantissa bits hold n (two's complement)
   const M scale_bits = (bits - 0x4B400000 + 127) << 23;
@@ -154,25 +190,46 @@ struct GaussianOnRow {
   typedef Simd<scalar_t> S;
   typedef typename S::V V;
   typedef typename S::M M;
-  scalar_t dy, yt, mx, o, half_a, minus_b;
+  scalar_t dy, yt, mx, o, half_a, minus_b, skip_below;
   M positive_definite;
 
   GaussianOnRow(const TileGaussians<scalar_t>& gs, int64_t k, scalar_t py)
       : dy(gs.my[k] - py), yt(gs.y_term(k, dy)), mx(gs.mx[k]), o(gs.opacity[k]),
-        half_a(static_cast<scalar_t>(-0.5) * gs.a[k]), minus_b(-gs.b[k]),
+        half_a(static_cast<scalar_t>(-0.5) * gs.a[k]), minus_b(-gs.b[k]), skip_below(gs.skip_below[k]),
         positive_definite(M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0)) {}
 
-  // Alpha at the pixel centers of columns `col` (tile-relative); `on`: where the twin keeps it
-  // (not below the threshold, NaN included, and -sigma <= 0 unless the conic is positive
-  // definite), before the pixel's own state is applied; `dx` for the gradients.
-  inline V alpha(const V& col, int64_t x0, const Rules<scalar_t>& rules, M& on, V& dx) const {
+  // -sigma at the pixel centers of columns `col` (tile-relative), and `dx` for the gradients.
+  inline V exponent(const V& col, int64_t x0, V& dx) const {
     dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
-    const V ns = (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+    return (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+  }
+
+  // Whether some lane of -sigma may pass the alpha threshold: where none can, the exp and
+  // everything after it are skipped (a quarter of the vectors in a Gaussian's box).
+  inline bool may_pass(const V& ns) const { return any_lane(ns >= skip_below); }
+
+  // Alpha from -sigma; `on`: where the twin keeps it (not below the threshold, NaN included,
+  // and -sigma <= 0 unless the conic is positive definite), before the pixel's own state.
+  inline V alpha(const V& ns, const Rules<scalar_t>& rules, M& on) const {
+    const scalar_t below_threshold = rules.below_alpha_threshold, max_alpha = rules.max_alpha;
     const V raw = o * vector_exp(ns);
-    on = (raw > rules.below_alpha_threshold) & (positive_definite | ~(ns > S::splat(0)));
-    return raw < rules.max_alpha ? raw : S::splat(rules.max_alpha);
+    on = (raw > below_threshold) & (positive_definite | ~(ns > S::splat(0)));
+    return raw < max_alpha ? raw : S::splat(max_alpha);
   }
 };
+
+// Calls body(std::integral_constant<int, C>) with C the channel count where it is one the
+// trainer uses (3: RGB; 4 and 5: with the blame probe's channels), else with C = 0, meaning
+// "read it at run time": with C known the per-channel loops unroll into straight code.
+template <typename Body>
+void with_channels(int64_t channels, const Body& body) {
+  switch (channels) {
+    case 3: return body(std::integral_constant<int, 3>());
+    case 4: return body(std::integral_constant<int, 4>());
+    case 5: return body(std::integral_constant<int, 5>());
+    default: return body(std::integral_constant<int, 0>());
+  }
+}
 
 // One tile, composited Gaussian by Gaussian (front to back), each over the rows and columns
 // of its box, kLanes columns at a time. Per pixel the arithmetic and its order are exactly the
@@ -211,45 +268,60 @@ struct TileForward {
     return any;
   }
 
+  // C: the channel count, or 0 to read it from `channels`.
+  template <int C>
   void composite(const TileGaussians<scalar_t>& gs, int64_t x0, int64_t y0, int64_t rows, int64_t cols,
                  const Rules<scalar_t>& rules) {
+    const int64_t num_channels = C ? C : channels;
     std::fill(transmittance.begin(), transmittance.end(), scalar_t(1));
     std::fill(acc.begin(), acc.end(), scalar_t(0));
-    std::fill(done.begin(), done.end(), scalar_t(0));
+    // Columns past the tile's last one start done: no Gaussian is ever kept there, so the
+    // vectors need no column mask (within the tile, a Gaussian's box is conservative and the
+    // exact test decides every column).
+    for (int64_t p = 0; p < rows * stride; ++p) done[p] = p % stride < cols ? scalar_t(0) : scalar_t(1);
     std::fill(last.begin(), last.end(), scalar_t(-1));
     std::fill(rgb.begin(), rgb.end(), scalar_t(0));
     std::fill(row_live.begin(), row_live.end(), 1);
     const int64_t plane = rows * stride;
     const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
     const V min_transmittance = S::splat(rules.min_transmittance);
+    // Local pointers: the vector stores (memcpy) may alias anything, and would otherwise make
+    // the compiler reload every array's address after each of them.
+    scalar_t *const acc_p = acc.data(), *const t_p = transmittance.data(), *const done_p = done.data();
+    scalar_t *const last_p = last.data(), *const rgb_p = rgb.data();
+    const char* const live_p = row_live.data();
     for (int64_t k = 0; k < gs.count; ++k) {
       if ((k & 15) == 15 && !update_live(rows, cols)) break;
       const int64_t lo = gs.col_lo[k], hi = gs.col_hi[k];
       const V entry = S::splat(static_cast<scalar_t>(k));
-      const scalar_t* color = &gs.colors[k * channels];
+      const scalar_t* color = &gs.colors[k * num_channels];
       for (int64_t r = gs.row_lo[k]; r <= gs.row_hi[k]; ++r) {
-        if (!row_live[r]) continue;
+        if (!live_p[r]) continue;
         const GaussianOnRow<scalar_t> gauss(gs, k, static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
         for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
           const int64_t p = r * stride + c0;
-          const V col = iota + static_cast<scalar_t>(c0);
-          M on;
+          const V was_done = S::load(&done_p[p]);
+          const M still_open = was_done == zero;
+          if (!any_lane(still_open)) continue;  // these pixels are all opaque already
           V dx;
-          const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
-          on &= (S::load(&done[p]) == zero) & (col >= static_cast<scalar_t>(lo)) & (col <= static_cast<scalar_t>(hi));
+          const V ns = gauss.exponent(iota + static_cast<scalar_t>(c0), x0, dx);
+          if (!gauss.may_pass(ns)) continue;
+          M on;
+          const V raw_alpha = gauss.alpha(ns, rules, on);
+          on &= still_open;
           const V alpha = on ? raw_alpha : zero;
-          const V t = S::load(&transmittance[p]);
+          const V t = S::load(&t_p[p]);
           const V after = t * (one - alpha);
           const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
           const M kept = on & ~stop;
-          const V w = alpha * t;
-          S::store(&acc[p], kept ? S::load(&acc[p]) + w : S::load(&acc[p]));
-          S::store(&transmittance[p], kept ? after : t);
-          S::store(&done[p], stop ? one : S::load(&done[p]));
-          S::store(&last[p], kept ? entry : S::load(&last[p]));
-          for (int64_t ch = 0; ch < channels; ++ch) {
-            scalar_t* out = &rgb[ch * plane + p];
-            S::store(out, kept ? S::load(out) + w * color[ch] : S::load(out));
+          const V w = kept ? alpha * t : zero;  // adding a zero weight changes no sum
+          S::store(&acc_p[p], S::load(&acc_p[p]) + w);
+          S::store(&t_p[p], kept ? after : t);
+          S::store(&done_p[p], stop ? one : was_done);
+          S::store(&last_p[p], kept ? entry : S::load(&last_p[p]));
+          for (int64_t ch = 0; ch < num_channels; ++ch) {
+            scalar_t* out = &rgb_p[ch * plane + p];
+            S::store(out, S::load(out) + w * color[ch]);
           }
         }
       }
@@ -275,14 +347,14 @@ struct Inputs {
   const scalar_t *means2d, *conics, *colors, *opacities, *background;
   const int64_t* tiles;
   const int32_t *offsets, *ids;
-  int64_t channels, num_tiles, num_listed;
+  int64_t num_gaussians, channels, num_tiles, num_listed;
 
   Inputs(const at::Tensor& m, const at::Tensor& q, const at::Tensor& c, const at::Tensor& o, const at::Tensor& bg,
          const at::Tensor& tile_list, const at::Tensor& isect_offsets, const at::Tensor& flatten_ids)
       : means2d(m.data_ptr<scalar_t>()), conics(q.data_ptr<scalar_t>()), colors(c.data_ptr<scalar_t>()),
         opacities(o.data_ptr<scalar_t>()), background(bg.numel() ? bg.data_ptr<scalar_t>() : nullptr),
         tiles(tile_list.data_ptr<int64_t>()), offsets(isect_offsets.data_ptr<int32_t>()),
-        ids(flatten_ids.data_ptr<int32_t>()), channels(c.size(1)), num_tiles(isect_offsets.numel()),
+        ids(flatten_ids.data_ptr<int32_t>()), num_gaussians(m.size(0)), channels(c.size(1)), num_tiles(isect_offsets.numel()),
         num_listed(tile_list.numel()) {}
 };
 
@@ -298,17 +370,16 @@ void for_each_tile(int64_t num_tiles, std::atomic<int64_t>& next_tile, const Bod
 
 // Loads listed tile i into `gs` with its Gaussians' boxes; returns its pixel origin and size.
 template <typename scalar_t>
-void load_tile(const Inputs<scalar_t>& in, const Grid& grid, int64_t i, TileGaussians<scalar_t>& gs, int64_t& start,
-               int64_t& x0, int64_t& y0, int64_t& rows, int64_t& cols) {
+void load_tile(const Inputs<scalar_t>& in, const Grid& grid, const GaussianReach<scalar_t>& reach, int64_t i,
+               TileGaussians<scalar_t>& gs, int64_t& start, int64_t& x0, int64_t& y0, int64_t& rows, int64_t& cols) {
   const int64_t t = in.tiles[i];
   int64_t stop;
   tile_range(in.offsets, t, in.num_tiles, grid.num_pairs, start, stop);
-  gs.load(start, stop, in.ids, in.means2d, in.conics, in.opacities, in.colors, in.channels);
   x0 = (t % grid.tile_width) * grid.tile_size;
   y0 = (t / grid.tile_width) * grid.tile_size;
   rows = std::min(grid.tile_size, grid.height - y0);
   cols = std::min(grid.tile_size, grid.width - x0);
-  gs.bound(x0, y0, rows, cols);
+  gs.load(start, stop, in.ids, in.means2d, in.conics, in.opacities, in.colors, in.channels, reach, x0, y0, rows, cols);
 }
 
 template <typename scalar_t>
@@ -316,6 +387,7 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
                   scalar_t* out_transmittance, scalar_t* out_last) {
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels;
+  const GaussianReach<scalar_t> reach(in.means2d, in.conics, in.opacities, in.num_gaussians);
   std::atomic<int64_t> next_tile(0);
   for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
@@ -323,8 +395,8 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
     tile.resize(grid.tile_size, channels);
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
-      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
-      tile.composite(gs, x0, y0, rows, cols, rules);
+      load_tile(in, grid, reach, i, gs, start, x0, y0, rows, cols);
+      with_channels(channels, [&](auto c) { tile.template composite<decltype(c)::value>(gs, x0, y0, rows, cols, rules); });
       const int64_t plane = rows * tile.stride;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t col = 0; col < cols; ++col) {
@@ -376,6 +448,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
   typedef typename S::M M;
   const Rules<scalar_t> rules;
   const int64_t channels = in.channels, row_size = kParams + channels;
+  const GaussianReach<scalar_t> reach(in.means2d, in.conics, in.opacities, in.num_gaussians);
   std::atomic<int64_t> next_tile(0);
   for_each_tile(in.num_listed, next_tile, [&](int64_t, int64_t) {
     TileGaussians<scalar_t> gs;
@@ -386,7 +459,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
     const V minus_half = S::splat(static_cast<scalar_t>(-0.5));
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
-      load_tile(in, grid, i, gs, start, x0, y0, rows, cols);
+      load_tile(in, grid, reach, i, gs, start, x0, y0, rows, cols);
       const int64_t plane = rows * stride;
       for (auto* x : {&tg.g_rgb, &tg.g_acc, &tg.t_final, &tg.bg_dot, &tg.behind, &tg.transmittance}) {
         std::fill(x->begin(), x->end(), scalar_t(0));
@@ -422,10 +495,13 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
       std::fill(tile_rows + (static_cast<int64_t>(tile_last) + 1) * row_size, tile_rows + gs.count * row_size,
                 scalar_t(0));
       // Back to front; behind[p] is the sum over the later Gaussians j of w_j v_j.
+      with_channels(channels, [&](auto fixed) {
+      constexpr int64_t C = decltype(fixed)::value;
+      const int64_t num_channels = C ? C : channels;
       for (int64_t k = static_cast<int64_t>(tile_last); k >= 0; --k) {
         const int64_t lo = gs.col_lo[k], hi = gs.col_hi[k], first = lo - lo % S::kLanes;
         const V entry = S::splat(static_cast<scalar_t>(k));
-        const scalar_t* ck = &gs.colors[k * channels];
+        const scalar_t* ck = &gs.colors[k * num_channels];
         const scalar_t minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
         std::fill(tg.sums.begin(), tg.sums.end(), scalar_t(0));
         scalar_t* sums = tg.sums.data();
@@ -436,27 +512,29 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
           const scalar_t dy = gauss.dy;
           for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) {
             const int64_t p = r * stride + c0;
-            const V col = iota + static_cast<scalar_t>(c0);
-            M on;
+            // Used by the pixel: kept by the twin's rules, at or before the pixel's last one
+            // (columns past the tile's last one have none; outside the box the exact test fails).
+            const M before_last = entry <= S::load(&tg.last[p]);
+            if (!any_lane(before_last)) continue;
             V dx;
-            const V raw_alpha = gauss.alpha(col, x0, rules, on, dx);
-            // Used by the pixel: kept by the twin's rules, at or before the pixel's last one.
-            on &= (entry <= S::load(&tg.last[p])) & (col >= static_cast<scalar_t>(lo)) &
-                  (col <= static_cast<scalar_t>(hi));
-            bool any = false;
-            for (int l = 0; l < S::kLanes; ++l) any |= on[l] != 0;
-            if (!any) continue;  // no pixel of these columns used it: every term is 0
+            const V ns = gauss.exponent(iota + static_cast<scalar_t>(c0), x0, dx);
+            if (!gauss.may_pass(ns)) continue;
+            M on;
+            const V raw_alpha = gauss.alpha(ns, rules, on);
+            on &= before_last;
+            if (!any_lane(on)) continue;  // no pixel of these columns used it: every term is 0
             used = true;
             const V alpha = on ? raw_alpha : zero;
             const V t_after = S::load(&tg.transmittance[p]);
-            const V before = on ? t_after / (one - alpha) : t_after;
+            const V over_transparency = one / (one - alpha);  // one division for the two below
+            const V before = on ? t_after * over_transparency : t_after;
             V v = S::load(&tg.g_acc[p]);  // the output gradient seen through its color (alpha: 1)
-            for (int64_t ch = 0; ch < channels; ++ch) v += S::load(&tg.g_rgb[ch * plane + p]) * ck[ch];
+            for (int64_t ch = 0; ch < num_channels; ++ch) v += S::load(&tg.g_rgb[ch * plane + p]) * ck[ch];
             const V w = alpha * before;
             const V t_final = S::load(&tg.t_final[p]);
             const V smaller = t_final < t_after ? t_final : t_after;
             const V behind = S::load(&tg.behind[p]);
-            const V grad_alpha = (t_after * v - behind - smaller * S::load(&tg.bg_dot[p])) / (one - alpha);
+            const V grad_alpha = (t_after * v - behind - smaller * S::load(&tg.bg_dot[p])) * over_transparency;
             // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
             const M passes = on & (alpha < max_alpha);
             const V g = passes ? grad_alpha * alpha : zero;
@@ -466,7 +544,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
             S::store(&sums[3 * stride + c0], S::load(&sums[3 * stride + c0]) + g * ((zero - dx) * dy));
             S::store(&sums[4 * stride + c0], S::load(&sums[4 * stride + c0]) + g * (minus_half * dy * dy));
             S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
-            for (int64_t ch = 0; ch < channels; ++ch) {
+            for (int64_t ch = 0; ch < num_channels; ++ch) {
               scalar_t* out = &sums[(kParams + ch) * stride + c0];
               S::store(out, S::load(out) + w * S::load(&tg.g_rgb[ch * plane + p]));
             }
@@ -483,6 +561,7 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
           grads[q] = sum;
         }
       }
+      });
     }
   });
 }
