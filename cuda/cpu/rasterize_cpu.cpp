@@ -28,7 +28,8 @@
 // - A tile is composited Gaussian by Gaussian, each over its box's rows, 8 (float) columns at
 //   a time, with vector extensions and our own vector exp (rasterize_cpu_kernels.h), compiled
 //   twice: for the baseline instruction set and for AVX2, chosen at run time. The tile's
-//   per-pixel state (a few KB) stays in the L1 cache.
+//   per-pixel state (a few KB) stays in the L1 cache. Each Gaussian's alphas over its box come
+//   first, then the pixels' compositing (or gradients): the exps of a box then overlap.
 // - The forward leaves per pixel its final transmittance and the last Gaussian it used; the
 //   backward walks the tile's Gaussians back to front from there, recovering each
 //   transmittance from the next one (T_i = T_{i+1} / (1 - alpha_i), as gsplat does) with the

@@ -116,18 +116,12 @@ struct Simd {
   typedef T V __attribute__((vector_size(32)));
   typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
   typedef I M __attribute__((vector_size(32)));
-  static V load(const T* p) {
-    V v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  static void store(T* p, V v) { std::memcpy(p, &v, sizeof(v)); }
+  // Unaligned, typed as T: unlike memcpy, such an access may alias only Ts, so the compiler
+  // need not reload every pointer and constant after each store.
+  typedef T Unaligned __attribute__((vector_size(32), aligned(alignof(T))));
+  static V load(const T* p) { return *reinterpret_cast<const Unaligned*>(p); }
+  static void store(T* p, V v) { *reinterpret_cast<Unaligned*>(p) = v; }
   static V splat(T x) { return V{} + x; }
-  static V iota() {
-    V v;
-    for (int i = 0; i < kLanes; ++i) v[i] = static_cast<T>(i);
-    return v;
-  }
 };
 
 // Whether any lane of a mask is set: one movemask where the instruction set has it (the loop
@@ -182,25 +176,33 @@ inline Simd<double>::V vector_exp(Simd<double>::V x) {
   return x;
 }
 
-// One Gaussian on one pixel row, kLanes columns at a time: its alpha exactly as the twin
-// computes it (the same expression and order in the forward and the backward pass, so both
-// see the same bits).
+// One Gaussian over a tile's pixel rows, kLanes columns at a time: its alpha exactly as the
+// twin computes it (the same expression and order in the forward and the backward pass, so
+// both see the same bits). Its constants are read once for all its rows (`on_row` sets a
+// row's): read per row, each was read again after every float store (which may alias it).
 template <typename scalar_t>
 struct GaussianOnRow {
   typedef Simd<scalar_t> S;
   typedef typename S::V V;
   typedef typename S::M M;
-  scalar_t dy, yt, mx, o, half_a, minus_b, skip_below;
+  scalar_t my, minus_half_c, mx, o, half_a, minus_b, skip_below;
   M positive_definite;
+  scalar_t dy = 0, yt = 0;  // the row's
 
-  GaussianOnRow(const TileGaussians<scalar_t>& gs, int64_t k, scalar_t py)
-      : dy(gs.my[k] - py), yt(gs.y_term(k, dy)), mx(gs.mx[k]), o(gs.opacity[k]),
+  GaussianOnRow(const TileGaussians<scalar_t>& gs, int64_t k)
+      : my(gs.my[k]), minus_half_c(static_cast<scalar_t>(-0.5) * gs.c[k]), mx(gs.mx[k]), o(gs.opacity[k]),
         half_a(static_cast<scalar_t>(-0.5) * gs.a[k]), minus_b(-gs.b[k]), skip_below(gs.skip_below[k]),
         positive_definite(M{} - static_cast<typename S::I>(gs.positive_definite[k] ? 1 : 0)) {}
 
-  // -sigma at the pixel centers of columns `col` (tile-relative), and `dx` for the gradients.
-  inline V exponent(const V& col, int64_t x0, V& dx) const {
-    dx = mx - ((col + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5));
+  // The row whose pixel centers are at y = py.
+  inline void on_row(scalar_t py) {
+    dy = my - py;
+    yt = minus_half_c * dy * dy;  // as TileGaussians::y_term
+  }
+
+  // -sigma at pixel centers x = px, and `dx` for the gradients.
+  inline V exponent(const V& px, V& dx) const {
+    dx = mx - px;
     return (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
   }
 
@@ -217,6 +219,14 @@ struct GaussianOnRow {
     return raw < max_alpha ? raw : S::splat(max_alpha);
   }
 };
+
+// The x of the pixel centers of a tile's columns, [stride] (as the twin computes them).
+template <typename scalar_t>
+void column_centers(int64_t x0, std::vector<scalar_t>& centers) {
+  for (size_t col = 0; col < centers.size(); ++col) {
+    centers[col] = (static_cast<scalar_t>(col) + static_cast<scalar_t>(x0)) + static_cast<scalar_t>(0.5);
+  }
+}
 
 // Calls body(std::integral_constant<int, C>) with C the channel count where it is one the
 // trainer uses (3: RGB; 4 and 5: with the blame probe's channels), else with C = 0, meaning
@@ -247,6 +257,9 @@ struct TileForward {
   // [rows][stride] each; rgb [channels][rows][stride]. row_live: a pixel of the row still open.
   std::vector<scalar_t> transmittance, acc, done, last, rgb;
   std::vector<char> row_live;
+  std::vector<scalar_t> centers;    // the x of the tile's pixel centers, [stride]
+  std::vector<scalar_t> box_alpha;  // one Gaussian's alpha over its box, [vectors][kLanes]
+  std::vector<int32_t> box_pixel;   // and the first pixel of each of those vectors
 
   void resize(int64_t tile_size, int64_t num_channels) {
     channels = num_channels;
@@ -254,6 +267,9 @@ struct TileForward {
     for (auto* v : {&transmittance, &acc, &done, &last}) v->resize(tile_size * stride);
     rgb.resize(num_channels * tile_size * stride);
     row_live.resize(tile_size);
+    centers.resize(stride);
+    box_alpha.resize(tile_size * stride);
+    box_pixel.resize(tile_size * stride / S::kLanes);
   }
 
   // Whether any pixel of the tile is still open; updates row_live.
@@ -283,46 +299,58 @@ struct TileForward {
     std::fill(rgb.begin(), rgb.end(), scalar_t(0));
     std::fill(row_live.begin(), row_live.end(), 1);
     const int64_t plane = rows * stride;
-    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1);
+    const V zero = S::splat(0), one = S::splat(1);
     const V min_transmittance = S::splat(rules.min_transmittance);
-    // Local pointers: the vector stores (memcpy) may alias anything, and would otherwise make
-    // the compiler reload every array's address after each of them.
+    // Local pointers, read once: a float store may alias any float, such as a member of `gs`.
     scalar_t *const acc_p = acc.data(), *const t_p = transmittance.data(), *const done_p = done.data();
     scalar_t *const last_p = last.data(), *const rgb_p = rgb.data();
     const char* const live_p = row_live.data();
+    scalar_t* const box_alpha_p = box_alpha.data();
+    int32_t* const box_pixel_p = box_pixel.data();
+    column_centers(x0, centers);
+    const scalar_t* const centers_p = centers.data();
     for (int64_t k = 0; k < gs.count; ++k) {
       if ((k & 15) == 15 && !update_live(rows, cols)) break;
       const int64_t lo = gs.col_lo[k], hi = gs.col_hi[k];
       const V entry = S::splat(static_cast<scalar_t>(k));
       const scalar_t* color = &gs.colors[k * num_channels];
+      // First the Gaussian's alpha over its box, vector by vector: the exps of different vectors
+      // are independent and overlap in the pipeline, where the compositing after each one would
+      // make the next wait. A vector that no pixel can take is left out.
+      int64_t n = 0;
+      GaussianOnRow<scalar_t> gauss(gs, k);
       for (int64_t r = gs.row_lo[k]; r <= gs.row_hi[k]; ++r) {
         if (!live_p[r]) continue;
-        const GaussianOnRow<scalar_t> gauss(gs, k, static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
+        gauss.on_row(static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
         for (int64_t c0 = lo - lo % S::kLanes; c0 <= hi; c0 += S::kLanes) {
-          const int64_t p = r * stride + c0;
-          const V was_done = S::load(&done_p[p]);
-          const M still_open = was_done == zero;
-          if (!any_lane(still_open)) continue;  // these pixels are all opaque already
           V dx;
-          const V ns = gauss.exponent(iota + static_cast<scalar_t>(c0), x0, dx);
-          if (!gauss.may_pass(ns)) continue;
           M on;
+          const V ns = gauss.exponent(S::load(&centers_p[c0]), dx);
+          if (!gauss.may_pass(ns)) continue;
           const V raw_alpha = gauss.alpha(ns, rules, on);
-          on &= still_open;
-          const V alpha = on ? raw_alpha : zero;
-          const V t = S::load(&t_p[p]);
-          const V after = t * (one - alpha);
-          const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
-          const M kept = on & ~stop;
-          const V w = kept ? alpha * t : zero;  // adding a zero weight changes no sum
-          S::store(&acc_p[p], S::load(&acc_p[p]) + w);
-          S::store(&t_p[p], kept ? after : t);
-          S::store(&done_p[p], stop ? one : was_done);
-          S::store(&last_p[p], kept ? entry : S::load(&last_p[p]));
-          for (int64_t ch = 0; ch < num_channels; ++ch) {
-            scalar_t* out = &rgb_p[ch * plane + p];
-            S::store(out, S::load(out) + w * color[ch]);
-          }
+          S::store(&box_alpha_p[n * S::kLanes], on ? raw_alpha : zero);  // > 0 exactly where on
+          box_pixel_p[n++] = static_cast<int32_t>(r * stride + c0);
+        }
+      }
+      // Then the pixels, front to back.
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t p = box_pixel_p[j];
+        const V was_done = S::load(&done_p[p]);
+        const V box_alpha = S::load(&box_alpha_p[j * S::kLanes]);
+        const M on = (box_alpha > zero) & (was_done == zero);
+        const V alpha = on ? box_alpha : zero;
+        const V t = S::load(&t_p[p]);
+        const V after = t * (one - alpha);
+        const M stop = on & ~(after > min_transmittance);  // this one and all later: left out
+        const M kept = on & ~stop;
+        const V w = kept ? alpha * t : zero;  // adding a zero weight changes no sum
+        S::store(&acc_p[p], S::load(&acc_p[p]) + w);
+        S::store(&t_p[p], kept ? after : t);
+        S::store(&done_p[p], stop ? one : was_done);
+        S::store(&last_p[p], kept ? entry : S::load(&last_p[p]));
+        for (int64_t ch = 0; ch < num_channels; ++ch) {
+          scalar_t* out = &rgb_p[ch * plane + p];
+          S::store(out, S::load(out) + w * color[ch]);
         }
       }
     }
@@ -421,12 +449,21 @@ template <typename scalar_t>
 struct TileGrads {
   std::vector<scalar_t> g_rgb, g_acc, t_final, bg_dot, behind, transmittance, last;
   std::vector<scalar_t> row_last;  // per row, the latest Gaussian any of its pixels used
+  std::vector<scalar_t> centers;   // the x of the tile's pixel centers, [stride]
+  // One Gaussian's alpha over the vectors of its box that used it, [vectors][kLanes], with the
+  // first pixel of each and its row's dy.
+  std::vector<scalar_t> box_alpha, box_dy;
+  std::vector<int32_t> box_pixel;
   std::vector<scalar_t> sums;      // one Gaussian's [6 + channels][stride] sums over its rows
 
   void resize(int64_t tile_size, int64_t stride, int64_t channels) {
     g_rgb.resize(channels * tile_size * stride);
     for (auto* x : {&g_acc, &t_final, &bg_dot, &behind, &transmittance, &last}) x->resize(tile_size * stride);
     row_last.resize(tile_size);
+    centers.resize(stride);
+    box_alpha.resize(tile_size * stride);
+    box_dy.resize(tile_size * stride / Simd<scalar_t>::kLanes);
+    box_pixel.resize(tile_size * stride / Simd<scalar_t>::kLanes);
     sums.resize((kParams + channels) * stride);
   }
 };
@@ -455,11 +492,12 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
     TileGrads<scalar_t> tg;
     const int64_t stride = (grid.tile_size + S::kLanes - 1) / S::kLanes * S::kLanes;
     tg.resize(grid.tile_size, stride, channels);
-    const V iota = S::iota(), zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
+    const V zero = S::splat(0), one = S::splat(1), max_alpha = S::splat(rules.max_alpha);
     const V minus_half = S::splat(static_cast<scalar_t>(-0.5));
     for (int64_t i; (i = next_tile++) < in.num_listed;) {
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, reach, i, gs, start, x0, y0, rows, cols);
+      column_centers(x0, tg.centers);
       const int64_t plane = rows * stride;
       for (auto* x : {&tg.g_rgb, &tg.g_acc, &tg.t_final, &tg.bg_dot, &tg.behind, &tg.transmittance}) {
         std::fill(x->begin(), x->end(), scalar_t(0));
@@ -505,11 +543,13 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
         const scalar_t minus_a = -gs.a[k], qb = gs.b[k], minus_c = -gs.c[k];
         std::fill(tg.sums.begin(), tg.sums.end(), scalar_t(0));
         scalar_t* sums = tg.sums.data();
-        bool used = false;
+        // First the Gaussian's alpha where pixels of its box used it (as in the forward: the
+        // exps first, then the gradients, so that the exps of different vectors overlap).
+        GaussianOnRow<scalar_t> gauss(gs, k);
+        int64_t n = 0;
         for (int64_t r = gs.row_lo[k]; r <= gs.row_hi[k]; ++r) {
           if (static_cast<scalar_t>(k) > tg.row_last[r]) continue;  // no pixel of the row used it
-          const GaussianOnRow<scalar_t> gauss(gs, k, static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
-          const scalar_t dy = gauss.dy;
+          gauss.on_row(static_cast<scalar_t>(y0 + r) + static_cast<scalar_t>(0.5));
           for (int64_t c0 = first; c0 <= hi; c0 += S::kLanes) {
             const int64_t p = r * stride + c0;
             // Used by the pixel: kept by the twin's rules, at or before the pixel's last one
@@ -517,45 +557,54 @@ void backward_impl(const Inputs<scalar_t>& in, const Grid& grid, const scalar_t*
             const M before_last = entry <= S::load(&tg.last[p]);
             if (!any_lane(before_last)) continue;
             V dx;
-            const V ns = gauss.exponent(iota + static_cast<scalar_t>(c0), x0, dx);
+            const V ns = gauss.exponent(S::load(&tg.centers[c0]), dx);
             if (!gauss.may_pass(ns)) continue;
             M on;
             const V raw_alpha = gauss.alpha(ns, rules, on);
             on &= before_last;
             if (!any_lane(on)) continue;  // no pixel of these columns used it: every term is 0
-            used = true;
-            const V alpha = on ? raw_alpha : zero;
-            const V t_after = S::load(&tg.transmittance[p]);
-            const V over_transparency = one / (one - alpha);  // one division for the two below
-            const V before = on ? t_after * over_transparency : t_after;
-            V v = S::load(&tg.g_acc[p]);  // the output gradient seen through its color (alpha: 1)
-            for (int64_t ch = 0; ch < num_channels; ++ch) v += S::load(&tg.g_rgb[ch * plane + p]) * ck[ch];
-            const V w = alpha * before;
-            const V t_final = S::load(&tg.t_final[p]);
-            const V smaller = t_final < t_after ? t_final : t_after;
-            const V behind = S::load(&tg.behind[p]);
-            const V grad_alpha = (t_after * v - behind - smaller * S::load(&tg.bg_dot[p])) * over_transparency;
-            // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
-            const M passes = on & (alpha < max_alpha);
-            const V g = passes ? grad_alpha * alpha : zero;
-            S::store(&sums[0 * stride + c0], S::load(&sums[0 * stride + c0]) + g * (minus_a * dx - qb * dy));
-            S::store(&sums[1 * stride + c0], S::load(&sums[1 * stride + c0]) + g * (minus_c * dy - qb * dx));
-            S::store(&sums[2 * stride + c0], S::load(&sums[2 * stride + c0]) + g * (minus_half * dx * dx));
-            S::store(&sums[3 * stride + c0], S::load(&sums[3 * stride + c0]) + g * ((zero - dx) * dy));
-            S::store(&sums[4 * stride + c0], S::load(&sums[4 * stride + c0]) + g * (minus_half * dy * dy));
-            S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
-            for (int64_t ch = 0; ch < num_channels; ++ch) {
-              scalar_t* out = &sums[(kParams + ch) * stride + c0];
-              S::store(out, S::load(out) + w * S::load(&tg.g_rgb[ch * plane + p]));
-            }
-            S::store(&tg.behind[p], behind + w * v);
-            S::store(&tg.transmittance[p], before);
+            S::store(&tg.box_alpha[n * S::kLanes], on ? raw_alpha : zero);  // > 0 exactly where on
+            tg.box_pixel[n] = static_cast<int32_t>(p);
+            tg.box_dy[n++] = gauss.dy;
           }
+        }
+        // Then the gradients, back to front per pixel.
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t p = tg.box_pixel[j], c0 = p % stride;
+          const scalar_t dy = tg.box_dy[j];
+          const V alpha = S::load(&tg.box_alpha[j * S::kLanes]);
+          const M on = alpha > zero;
+          const V dx = gauss.mx - S::load(&tg.centers[c0]);  // as GaussianOnRow::exponent
+          const V t_after = S::load(&tg.transmittance[p]);
+          const V over_transparency = one / (one - alpha);  // one division for the two below
+          const V before = on ? t_after * over_transparency : t_after;
+          V v = S::load(&tg.g_acc[p]);  // the output gradient seen through its color (alpha: 1)
+          for (int64_t ch = 0; ch < num_channels; ++ch) v += S::load(&tg.g_rgb[ch * plane + p]) * ck[ch];
+          const V w = alpha * before;
+          const V t_final = S::load(&tg.t_final[p]);
+          const V smaller = t_final < t_after ? t_final : t_after;
+          const V behind = S::load(&tg.behind[p]);
+          const V grad_alpha = (t_after * v - behind - smaller * S::load(&tg.bg_dot[p])) * over_transparency;
+          // d alpha / d(-sigma) = alpha; clamped (and unused) alphas pass nothing.
+          const M passes = on & (alpha < max_alpha);
+          const V g = passes ? grad_alpha * alpha : zero;
+          S::store(&sums[0 * stride + c0], S::load(&sums[0 * stride + c0]) + g * (minus_a * dx - qb * dy));
+          S::store(&sums[1 * stride + c0], S::load(&sums[1 * stride + c0]) + g * (minus_c * dy - qb * dx));
+          S::store(&sums[2 * stride + c0], S::load(&sums[2 * stride + c0]) + g * (minus_half * dx * dx));
+          S::store(&sums[3 * stride + c0], S::load(&sums[3 * stride + c0]) + g * ((zero - dx) * dy));
+          S::store(&sums[4 * stride + c0], S::load(&sums[4 * stride + c0]) + g * (minus_half * dy * dy));
+          S::store(&sums[5 * stride + c0], S::load(&sums[5 * stride + c0]) + g);
+          for (int64_t ch = 0; ch < num_channels; ++ch) {
+            scalar_t* out = &sums[(kParams + ch) * stride + c0];
+            S::store(out, S::load(out) + w * S::load(&tg.g_rgb[ch * plane + p]));
+          }
+          S::store(&tg.behind[p], behind + w * v);
+          S::store(&tg.transmittance[p], before);
         }
         scalar_t* grads = tile_rows + k * row_size;
         for (int64_t q = 0; q < row_size; ++q) {
           scalar_t sum = 0;
-          if (used) {
+          if (n) {
             for (int64_t col = 0; col < stride; ++col) sum += sums[q * stride + col];
           }
           grads[q] = sum;
