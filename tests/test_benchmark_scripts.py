@@ -29,7 +29,7 @@ def run_script(name, *args, timeout=240):
 
 
 def test_every_script_is_listed_here():
-    assert set(SCRIPTS) == {"ablation.py", "antialias.py", "capture_kinds.py", "config_variants.py", "cpu_native_step.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
+    assert set(SCRIPTS) == {"ablation.py", "antialias.py", "capture_kinds.py", "config_variants.py", "cpu_kernels_ab.py", "cpu_native_step.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py", "gloo_collectives.py",
                             "memory_per_gaussian.py", "preemption.py", "profile_cpu_step.py", "refactor_identity.py", "scaling_cpu.py",
                             "sfm_unordered.py", "sfm_vs_shipped.py", "step_cost_cpu.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here"
@@ -68,6 +68,8 @@ def test_every_script_answers_help(name):
     ("profile_cpu_step.py", ["--counts", "300", "--presets", "3dgs", "--steps", "1", "--rows", "3"]),
     ("cpu_native_step.py", ["--counts", "300", "--kinds", "turbo full", "--threads", "1", "--repeats", "1",
                             "--warmup", "1"]),
+    ("cpu_kernels_ab.py", ["--base", "HEAD", "--counts", "300", "--kinds", "turbo full", "--repeats", "1",
+                           "--warmup", "1"]),
     ("stop_agreement.py", ["--steps", "2", "--repeats", "1", "--warmup", "1"]),
     ("preemption.py", [DEMO, "--trials", "1", "--window", "1,2"]),
     ("antialias.py", ["--scene", f"demo={DEMO}", "--steps", "3", "--out", "{tmp}",
