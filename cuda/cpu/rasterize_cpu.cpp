@@ -69,6 +69,7 @@ constexpr int kParams = 6;  // mean x, mean y, conic a, b, c, -sigma (for the op
 // The kernels, for the baseline instruction set and, where the compiler can target it, AVX2
 // (chosen at run time: `use_avx2`). The same source and -ffp-contract=off: both round alike.
 namespace base {
+#include "rasterize_cpu_tile.h"
 #include "rasterize_cpu_kernels.h"
 }  // namespace base
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -77,6 +78,7 @@ namespace base {
 #pragma GCC target("avx2")
 #define TURBOGS_KERNELS_AVX2 1
 namespace avx2 {
+#include "rasterize_cpu_tile.h"
 #include "rasterize_cpu_kernels.h"
 }  // namespace avx2
 #undef TURBOGS_KERNELS_AVX2
