@@ -306,10 +306,12 @@ class Trainer:
 
     def _finite(self, loss: torch.Tensor) -> torch.Tensor:
         """A device bool, no read: the loss and every gradient finite (the per-photo appearance
-        transforms' too). The largest magnitude of each gradient (one _foreach op; NaN
-        propagates through it) and the loss, tested together."""
+        transforms' too). The Euclidean norm of each gradient (one _foreach op; NaN and inf
+        propagate through it, and a gradient so large that its squares overflow, about 1e19,
+        counts as non-finite, as no healthy step has one) and the loss, tested together. The
+        largest magnitude did the same 20x slower on the CPU (18 ms a step at 100k Gaussians)."""
         grads = [p.grad for p in self.trainable_parameters() if p.grad is not None and p.grad.numel()]
-        peaks = list(torch._foreach_norm(grads, float("inf"))) if grads else []
+        peaks = list(torch._foreach_norm(grads, 2)) if grads else []
         return torch.isfinite(torch.stack([loss.detach().reshape(()), *[x.to(loss.dtype) for x in peaks]])).all()
 
     @property
