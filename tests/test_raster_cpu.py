@@ -211,18 +211,70 @@ def test_results_do_not_depend_on_the_thread_count():
         assert torch.equal(g1, g2)
 
 
+def sh_inputs(count, dtype, seed=0):
+    """Directions of every scale (one zero, one below F.normalize's floor) and 16 coefficients."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(count, 3, generator=g, dtype=dtype) * torch.logspace(-3, 3, count, dtype=dtype)[:, None]
+    dirs[0], dirs[1] = 0.0, 1e-14
+    return dirs, torch.randn(count, 16, 3, generator=g, dtype=dtype)
+
+
+def sh_with(backend, degree, dirs, coeffs):
+    """Value and both gradients (a missing one as zeros) of a random linear function of it."""
+    dirs, coeffs = dirs.clone().requires_grad_(), coeffs.clone().requires_grad_()
+    value = backend.spherical_harmonics(degree, dirs, coeffs)
+    (value * torch.randn(value.shape, generator=torch.Generator().manual_seed(5), dtype=value.dtype)).sum().backward()
+    return [value.detach(), torch.zeros_like(dirs) if dirs.grad is None else dirs.grad, coeffs.grad]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-13)])
+def test_native_spherical_harmonics_match_the_twin(dtype, tol):
+    dirs, coeffs = sh_inputs(400, dtype)
+    for degree in range(4):
+        native, twin = sh_with(raster_cpu, degree, dirs, coeffs), sh_with(raster_torch, degree, dirs, coeffs)
+        # Normal directions and the two clamped ones apart: the latter's gradients are 1e12 times larger.
+        for rows in (slice(2, None), slice(0, 2)):
+            for name, got, want in zip(("value", "dirs", "coeffs"), native, twin):
+                scale = float(want[rows].abs().max())
+                error = float((got[rows] - want[rows]).abs().max())
+                assert error <= tol * max(scale, 1e-30), f"degree {degree} {name}: {error:.2e} of {scale:.2e}"
+        assert not native[2][:, (degree + 1) ** 2:].any()  # unused coefficients: no gradient
+
+
+def test_native_spherical_harmonics_gradients_against_finite_differences():
+    dirs, coeffs = sh_inputs(6, torch.float64, seed=2)
+    inputs = (dirs[2:].clone().requires_grad_(), coeffs[2:].clone().requires_grad_())
+    for degree in range(4):
+        assert torch.autograd.gradcheck(lambda d, c: raster_cpu.spherical_harmonics(degree, d, c), inputs)
+
+
+def test_native_spherical_harmonics_leave_degree_4_and_batches_to_the_twin():
+    dirs, coeffs = sh_inputs(20, torch.float32)
+    coeffs25 = torch.randn(20, 25, 3)
+    degree4 = raster_cpu.spherical_harmonics(4, dirs, coeffs25)
+    assert torch.equal(degree4, raster_torch.spherical_harmonics(4, dirs, coeffs25))
+    batched = raster_cpu.spherical_harmonics(2, dirs[None], coeffs[None])
+    assert torch.equal(batched, raster_torch.spherical_harmonics(2, dirs[None], coeffs[None]))
+    with pytest.raises(ValueError, match="needs 16 coefficients"):
+        raster_cpu.spherical_harmonics(3, dirs, coeffs[:, :9])
+
+
 def test_the_dispatch_picks_the_native_kernels_unless_the_twins_are_asked_for(monkeypatch):
     calls = []
     for module, name in ((raster_cpu, "native"), (raster_torch, "twin")):
-        monkeypatch.setattr(module, "rasterize", lambda *a, name=name, **k: calls.append(name) or (name, name))
-        monkeypatch.setattr(module, "intersect_tiles", lambda *a, name=name, **k: calls.append(name) or (name, name))
-    kernels.rasterize(torch.zeros(3, 2), *(None,) * 9)
-    kernels.intersect_tiles(torch.zeros(3, 2), *(None,) * 5)
-    assert calls == ["native", "native"] and kernels.backend_name(torch.device("cpu")) == "cpu-native"
+        for op in ("rasterize", "intersect_tiles", "spherical_harmonics"):
+            monkeypatch.setattr(module, op, lambda *a, name=name, **k: calls.append(name) or (name, name))
+
+    def every_op():
+        kernels.rasterize(torch.zeros(3, 2), *(None,) * 9)
+        kernels.intersect_tiles(torch.zeros(3, 2), *(None,) * 5)
+        kernels.spherical_harmonics(3, torch.zeros(3, 3), torch.zeros(3, 16, 3))
+
+    every_op()
+    assert calls == ["native"] * 3 and kernels.backend_name(torch.device("cpu")) == "cpu-native"
     kernels.use_torch_twins(True)
-    kernels.rasterize(torch.zeros(3, 2), *(None,) * 9)
-    kernels.intersect_tiles(torch.zeros(3, 2), *(None,) * 5)
-    assert calls == ["native", "native", "twin", "twin"] and kernels.backend_name(torch.device("cpu")) == "torch"
+    every_op()
+    assert calls == ["native"] * 3 + ["twin"] * 3 and kernels.backend_name(torch.device("cpu")) == "torch"
 
 
 def test_without_the_kernels_the_twins_run_and_one_line_says_so(monkeypatch):

@@ -229,7 +229,14 @@ std::vector<at::Tensor> intersect_tiles(const at::Tensor& means2d, const at::Ten
                                         int64_t tile_size, int64_t tile_width, int64_t tile_height,
                                         const at::Tensor& tile_mask);
 
+// sh_cpu.cpp
+at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs);
+std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs,
+                                    const at::Tensor& grad_out);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sh_forward", &sh_forward, "spherical harmonics of degree 0-3, forward (CPU)");
+  m.def("sh_backward", &sh_backward, "spherical harmonics of degree 0-3, backward (CPU)");
   m.def("intersect_tiles", &intersect_tiles, "tile / Gaussian pairs by (tile, depth) (CPU)");
   m.def("rasterize_forward", &rasterize_forward, "tile alpha compositing, forward (CPU)");
   m.def("rasterize_backward", &rasterize_backward, "tile alpha compositing, backward (CPU)");

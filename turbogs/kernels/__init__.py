@@ -2,13 +2,13 @@
 
 Every op below has two implementations with the same signature and semantics:
 - a compiled one (gsplat's CUDA kernels for the rasterization chain, `turbogs._C` for ours,
-  and on the CPU our C++ compositing kernel, `raster_cpu`), and
+  and on the CPU our C++ kernels, `raster_cpu`), and
 - a readable torch twin that runs anywhere and is the test oracle.
 
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
 (one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
-On the CPU the native kernels (compositing, tile intersection) are built on first use
+On the CPU the native kernels (compositing, tile intersection, SH) are built on first use
 (`prepare_kernels`, before the training clock starts); without a C++ compiler one line says
 so and the twins run.
 An explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on either
@@ -17,8 +17,8 @@ device; `backend_name()` says which ran, and results.json / bench.json record it
     raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
     projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
     raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
-    raster_cpu.py        tile intersection and compositing in C++ on the CPU (cuda/cpu/, built
-                         just in time)
+    raster_cpu.py        tile intersection, compositing and SH in C++ on the CPU (cuda/cpu/,
+                         built just in time)
     turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
     turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
 
@@ -88,7 +88,7 @@ def _render_backend(cuda: bool):
 
 
 def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
-    """Tile intersection and compositing: gsplat's on CUDA, else the native CPU kernels
+    """Tile intersection, compositing and SH: gsplat's on CUDA, else the native CPU kernels
     (float32 / float64) when they are built and the twins are not asked for, else the twins."""
     if cuda:
         return _render_backend(True)
@@ -116,7 +116,7 @@ def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, fa
 
 def spherical_harmonics(degree, dirs, coeffs):
     """Evaluate SH of `degree` along unit-or-not `dirs` [N, 3] with coeffs [N, K, 3] -> [N, 3]."""
-    return _render_backend(on_cuda(coeffs)).spherical_harmonics(degree, dirs, coeffs)
+    return _raster_backend(on_cuda(coeffs), coeffs.dtype).spherical_harmonics(degree, dirs, coeffs)
 
 
 def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask=None):

@@ -1,5 +1,6 @@
-"""Tile rasterization on the CPU in C++ (cuda/cpu/) behind the signatures of its twins,
-`raster_torch.rasterize` and `raster_torch.intersect_tiles`.
+"""Tile rasterization and spherical harmonics on the CPU in C++ (cuda/cpu/) behind the
+signatures of their twins, `raster_torch.rasterize`, `raster_torch.intersect_tiles` and
+`raster_torch.spherical_harmonics`.
 
 Why: the twin composites with dense [blocks, pixels, Gaussians] tensors, a few dozen torch
 ops a chunk, which is most of a CPU training step (benchmarks/results/2026-12-05_cpu_profile.md).
@@ -11,8 +12,9 @@ sources in cuda/cpu/ (cuda/build.py `load_cpu_jit`, cached under ~/.cache/turbog
 needing a C++ compiler and nothing of CUDA. Unlike the CUDA kernels, a CPU build that fails
 is not an error: the twins compute the same thing, slower, and one line says so and how to
 get the fast path. The tile intersection is native too (cuda/cpu/intersect_cpu.cpp, the
-twin's output bit for bit: a counting sort instead of expanding and sorting every pair); the
-projection and SH stay the twins'.
+twin's output bit for bit: a counting sort instead of expanding and sorting every pair), and so
+are the spherical harmonics (sh_cpu.cpp: one loop iteration a Gaussian instead of some 60 torch
+ops a step); the projection stays the twin's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from turbogs.kernels import raster_torch
 from turbogs.kernels.turbo_cuda import build_module
 
 _state = {"module": None, "tried": False}
@@ -122,6 +125,34 @@ def rasterize(
         tiles.long().contiguous(), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
         (int(width), int(height), int(tile_size)),
     )
+
+
+class _SphericalHarmonics(torch.autograd.Function):
+    """sh_cpu.cpp's forward and its written-out backward (to the directions and coefficients)."""
+
+    @staticmethod
+    def forward(ctx, degree, dirs, coeffs):
+        ctx.save_for_backward(dirs, coeffs)
+        ctx.degree = degree
+        return _module().sh_forward(degree, dirs, coeffs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dirs, coeffs = ctx.saved_tensors
+        g_dirs, g_coeffs = _module().sh_backward(ctx.degree, dirs, coeffs, grad.contiguous())
+        return None, g_dirs if ctx.needs_input_grad[1] else None, g_coeffs if ctx.needs_input_grad[2] else None
+
+
+def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
+    """Same inputs, output and rules as `raster_torch.spherical_harmonics` (dirs [N, 3],
+    coeffs [N, K, 3]): in C++ for degrees 0-3 and these shapes, the twin otherwise (degree 4,
+    batch dimensions), which only our own tools ask for."""
+    num_bases = (degree + 1) ** 2
+    if num_bases > coeffs.shape[-2]:
+        raise ValueError(f"SH degree {degree} needs {num_bases} coefficients, got {coeffs.shape[-2]}")
+    if degree > 3 or dirs.dim() != 2 or coeffs.dim() != 3 or coeffs.shape[-1] != 3:
+        return raster_torch.spherical_harmonics(degree, dirs, coeffs)
+    return _SphericalHarmonics.apply(int(degree), dirs.to(coeffs.dtype).contiguous(), coeffs.contiguous())
 
 
 @torch.no_grad()
