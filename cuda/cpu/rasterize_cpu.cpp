@@ -21,9 +21,9 @@
 //   intersection belongs to one tile), and one serial pass adds the rows per Gaussian in
 //   intersection order. 1 and 2 threads give the same bits.
 // - Each tile first copies its Gaussians into contiguous arrays and bounds each by the box of
-//   pixels it can reach (`bound`): a Gaussian reaches a pixel only where opacity * exp(-sigma)
-//   >= ALPHA_THRESHOLD, an ellipse, while a tile's list holds every Gaussian whose 3-sigma box
-//   touches the tile. The box is widened by a margin: the twin's own comparison decides every
+//   pixels it can reach (`GaussianReach`, once a pass, then `TileGaussians::load`): a
+//   Gaussian reaches a pixel only where opacity * exp(-sigma) >= ALPHA_THRESHOLD, an ellipse,
+//   while a tile's list holds every Gaussian whose 3-sigma box touches the tile. The box is widened by a margin: the twin's own comparison decides every
 //   pixel inside it.
 // - A tile is composited Gaussian by Gaussian, each over its box's rows, 8 (float) columns at
 //   a time, with vector extensions and our own vector exp (rasterize_cpu_kernels.h), compiled

@@ -12,8 +12,8 @@ struct Rules {
   scalar_t min_transmittance = static_cast<scalar_t>(kMinTransmittance);
 };
 
-// Per Gaussian, what does not depend on the tile, computed once per pass (not once per tile
-// it touches: the log and the square roots were a tenth of the kernels' time): whether its
+// Per Gaussian, what does not depend on the tile, computed once per pass rather than once
+// for each tile it touches (a log and two square roots each time): whether its
 // conic is positive definite, and the half extents of the ellipse where it can pass the alpha
 // threshold, -sigma >= skip level, i.e. a dx^2 + 2 b dx dy + c dy^2 <= -2 level, which spans
 // dy^2 <= -2 a level / det and dx^2 <= -2 c level / det. The skip level is log(threshold /
@@ -98,14 +98,6 @@ struct TileGaussians {
       if (col_lo[k] > col_hi[k]) row_lo[k] = 1, row_hi[k] = 0;
     }
   }
-
-  // One Gaussian's exponent terms on one row: -sigma = (x_term + y_term) + cross * dy, each
-  // computed as the twin computes it, in the same order (no fused multiply-add: the module is
-  // built for plain x86-64, whose float ops round each step as torch's kernels do).
-  inline scalar_t y_term(int64_t k, scalar_t dy) const { return static_cast<scalar_t>(-0.5) * c[k] * dy * dy; }
-  inline scalar_t neg_sigma(int64_t k, scalar_t dx, scalar_t dy, scalar_t yt) const {
-    return (static_cast<scalar_t>(-0.5) * a[k] * dx * dx + yt) + (-b[k] * dx) * dy;
-  }
 };
 
 // Columns are processed kLanes at a time with GCC/Clang vector extensions (32-byte vectors:
@@ -179,8 +171,10 @@ inline Simd<double>::V vector_exp(Simd<double>::V x) {
 
 // One Gaussian over a tile's pixel rows, kLanes columns at a time: its alpha exactly as the
 // twin computes it (the same expression and order in the forward and the backward pass, so
-// both see the same bits). Its constants are read once for all its rows (`on_row` sets a
-// row's): read per row, each was read again after every float store (which may alias it).
+// both see the same bits): -sigma = (x_term + y_term) + cross * dy, each term in the twin's
+// order (no fused multiply-add: the module is built for plain x86-64, whose float ops round
+// each step as torch's kernels do). Its constants are read once for all its rows (`on_row` sets
+// a row's): read per row, each was read again after every float store (which may alias it).
 template <typename scalar_t>
 struct GaussianOnRow {
   typedef Simd<scalar_t> S;
@@ -198,13 +192,13 @@ struct GaussianOnRow {
   // The row whose pixel centers are at y = py.
   inline void on_row(scalar_t py) {
     dy = my - py;
-    yt = minus_half_c * dy * dy;  // as TileGaussians::y_term
+    yt = minus_half_c * dy * dy;  // y_term: (-c / 2) dy^2
   }
 
   // -sigma at pixel centers x = px, and `dx` for the gradients.
   inline V exponent(const V& px, V& dx) const {
     dx = mx - px;
-    return (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // as TileGaussians::neg_sigma
+    return (half_a * dx * dx + yt) + (minus_b * dx) * dy;  // (x_term + y_term) + cross * dy
   }
 
   // Whether some lane of -sigma may pass the alpha threshold: where none can, the exp and
