@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import statistics
 import subprocess
 import sys
@@ -36,17 +37,6 @@ from turbogs.kernels import raster_cpu  # noqa: E402
 from turbogs.kernels.turbo_cuda import build_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def build_sources(name: str, source_dir: Path, build_dir: Path):
-    """The CPU module compiled from `source_dir` with the project's flags, as `name`."""
-    from torch.utils.cpp_extension import load
-
-    build = build_module()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return load(name=name, sources=[str(p) for p in sorted(source_dir.glob("*.cpp"))],
-                extra_include_paths=[str(source_dir)], extra_cflags=build.CPU_CXX_FLAGS,
-                extra_ldflags=build.CPU_LD_FLAGS, build_directory=str(build_dir))
 
 
 def sources_at(revision: str, out: Path) -> Path:
@@ -107,10 +97,11 @@ def main() -> None:
         raise SystemExit("the native CPU kernels could not be built here: nothing to compare")
     scene = load_pointless(args.scene, args.resolution)
     with TemporaryDirectory() as tmp:
-        cache = Path.home() / ".cache" / "turbogs" / "ab"
+        label = re.sub(r"\W", "_", args.base)  # a module and folder name, whatever the revision's spelling
         builds = {
-            args.base: build_sources(f"turbogs_cpu_ab_{args.base}".replace("-", "_").replace("~", "_"),
-                                     sources_at(args.base, Path(tmp) / "base"), cache / args.base),
+            args.base: build_module().load_cpu_jit(source_dir=sources_at(args.base, Path(tmp) / "base"),
+                                                   name=f"turbogs_cpu_ab_{label}",
+                                                   build_dir=Path.home() / ".cache" / "turbogs" / "ab" / label),
             "this tree": raster_cpu._module(),  # the project's own build, cached as the trainer uses it
         }
         print(f"{args.scene} -r {args.resolution}, {args.threads} thread(s), torch {torch.__version__}; "

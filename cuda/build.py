@@ -114,17 +114,21 @@ def cpu_build_is_current() -> bool:
     return any(path.stat().st_mtime >= newest_source for path in built)
 
 
-def load_cpu_jit(verbose: bool = False):
+def load_cpu_jit(verbose: bool = False, source_dir: Optional[Path] = None, name: str = CPU_MODULE,
+                 build_dir: Optional[Path] = None):
     """Compile the CPU kernels just in time (tens of seconds the first time, cached after)
-    and return the module. Raises whatever torch's builder raises without a C++ compiler."""
+    and return the module. Raises whatever torch's builder raises without a C++ compiler.
+    `source_dir`, `name`, `build_dir`: another copy of cuda/cpu/ built as a module of its own
+    (benchmarks/cpu_kernels_ab.py compares two revisions' kernels in one process)."""
     from torch.utils.cpp_extension import load
 
-    build_dir = cpu_build_dir()
+    source_dir = source_dir or CPU_DIR
+    build_dir = build_dir or cpu_build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
-        name=CPU_MODULE,
-        sources=[str(path) for path in cpu_sources()],
-        extra_include_paths=[str(CPU_DIR)],
+        name=name,
+        sources=[str(path) for path in sorted(source_dir.glob("*.cpp"))],
+        extra_include_paths=[str(source_dir)],
         extra_cflags=CPU_CXX_FLAGS,
         extra_ldflags=CPU_LD_FLAGS,
         build_directory=str(build_dir),
