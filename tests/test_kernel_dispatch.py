@@ -82,10 +82,10 @@ def test_a_missing_gsplat_build_is_one_clear_error(monkeypatch):
     """gsplat itself only warns and leaves its extension None when it cannot build."""
     monkeypatch.setitem(sys.modules, "gsplat.cuda._backend", types.SimpleNamespace(_C=None))
     with pytest.raises(TurboGSError, match="gsplat's CUDA kernels are missing"):
-        kernels._render_backend(True)
+        kernels._raster_backend(True)
     with pytest.raises(TurboGSError, match="gsplat's CUDA kernels are missing"):
         kernels.require_cuda_kernels()
-    assert kernels._render_backend(False) is kernels.raster_torch
+    assert kernels._raster_backend(False, torch.float16) is kernels.raster_torch  # the CPU never asks gsplat
 
 
 def test_alpha_is_zero_outside_the_rendered_tiles():

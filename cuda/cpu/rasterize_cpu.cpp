@@ -234,7 +234,19 @@ at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& 
 std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs,
                                     const at::Tensor& grad_out);
 
+// projection_cpu.cpp
+std::vector<at::Tensor> project_forward(const at::Tensor& means, const at::Tensor& quats, const at::Tensor& scales,
+                                        const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height,
+                                        double near_plane, double far_plane, double eps2d, bool antialiased);
+std::vector<at::Tensor> project_backward(const at::Tensor& means, const at::Tensor& quats, const at::Tensor& scales,
+                                         const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height,
+                                         double eps2d, const at::Tensor& radii, const at::Tensor& grad_means2d,
+                                         const at::Tensor& grad_depths, const at::Tensor& grad_conics,
+                                         const at::Tensor& grad_compensations);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("project_forward", &project_forward, "EWA projection of Gaussians into one camera, forward (CPU)");
+  m.def("project_backward", &project_backward, "EWA projection of Gaussians into one camera, backward (CPU)");
   m.def("sh_forward", &sh_forward, "spherical harmonics of degree 0-3, forward (CPU)");
   m.def("sh_backward", &sh_backward, "spherical harmonics of degree 0-3, backward (CPU)");
   m.def("intersect_tiles", &intersect_tiles, "tile / Gaussian pairs by (tile, depth) (CPU)");

@@ -8,7 +8,7 @@ Every op below has two implementations with the same signature and semantics:
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
 (one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
-On the CPU the native kernels (compositing, tile intersection, SH) are built on first use
+On the CPU the native kernels (projection, SH, tile intersection, compositing) are built on first use
 (`prepare_kernels`, before the training clock starts); without a C++ compiler one line says
 so and the twins run.
 An explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on either
@@ -17,8 +17,7 @@ device; `backend_name()` says which ran, and results.json / bench.json record it
     raster_torch.py      projection, SH, tile intersection, compositing: the torch twins
     projection_torch.py  their covariance / EWA / SH math (our copy of gsplat's reference)
     raster_gsplat.py     the same four ops as thin wrappers over gsplat's CUDA kernels
-    raster_cpu.py        tile intersection, compositing and SH in C++ on the CPU (cuda/cpu/,
-                         built just in time)
+    raster_cpu.py        the same four ops in C++ on the CPU (cuda/cpu/, built just in time)
     turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
     turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
 
@@ -80,18 +79,12 @@ def on_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def _render_backend(cuda: bool):
+def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
+    """The rasterization chain: gsplat's on CUDA, else the native CPU kernels (float32 /
+    float64) when they are built and the twins are not asked for, else the twins."""
     if cuda:
         raster_gsplat.require()  # cached after the first call; a failed gsplat build is one clear error
         return raster_gsplat
-    return raster_torch
-
-
-def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
-    """Tile intersection, compositing and SH: gsplat's on CUDA, else the native CPU kernels
-    (float32 / float64) when they are built and the twins are not asked for, else the twins."""
-    if cuda:
-        return _render_backend(True)
     if dtype in (torch.float32, torch.float64) and _native_cpu():
         return raster_cpu
     return raster_torch
@@ -109,7 +102,7 @@ def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, fa
     Gaussian's opacity compensation [N] for the eps2d blur (0 where culled), which the
     caller multiplies into the opacities.
     """
-    return _render_backend(on_cuda(means)).project(
+    return _raster_backend(on_cuda(means), means.dtype).project(
         means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased
     )
 

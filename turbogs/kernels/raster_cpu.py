@@ -1,6 +1,6 @@
-"""Tile rasterization and spherical harmonics on the CPU in C++ (cuda/cpu/) behind the
-signatures of their twins, `raster_torch.rasterize`, `raster_torch.intersect_tiles` and
-`raster_torch.spherical_harmonics`.
+"""The rasterization chain on the CPU in C++ (cuda/cpu/) behind the signatures of its twins,
+`raster_torch.project`, `raster_torch.spherical_harmonics`, `raster_torch.intersect_tiles` and
+`raster_torch.rasterize`.
 
 Why: the twin composites with dense [blocks, pixels, Gaussians] tensors, a few dozen torch
 ops a chunk, which is most of a CPU training step (benchmarks/results/2026-12-05_cpu_profile.md).
@@ -13,8 +13,8 @@ needing a C++ compiler and nothing of CUDA. Unlike the CUDA kernels, a CPU build
 is not an error: the twins compute the same thing, slower, and one line says so and how to
 get the fast path. The tile intersection is native too (cuda/cpu/intersect_cpu.cpp, the
 twin's output bit for bit: a counting sort instead of expanding and sorting every pair), and so
-are the spherical harmonics (sh_cpu.cpp: one loop iteration a Gaussian instead of some 60 torch
-ops a step); the projection stays the twin's.
+are the spherical harmonics (sh_cpu.cpp) and the projection (projection_cpu.cpp): one loop
+iteration a Gaussian instead of some 60 and 80 small torch ops a step.
 """
 
 from __future__ import annotations
@@ -125,6 +125,52 @@ def rasterize(
         tiles.long().contiguous(), isect_offsets.int().contiguous(), flatten_ids.int().contiguous(),
         (int(width), int(height), int(tile_size)),
     )
+
+
+class _Project(torch.autograd.Function):
+    """projection_cpu.cpp's forward and its written-out backward (to means, quats, scales).
+    The backward recomputes the forward's intermediates; it keeps only the radii (who was culled)."""
+
+    @staticmethod
+    def forward(ctx, means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased):
+        radii, means2d, depths, conics, compensations = _module().project_forward(
+            means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased)
+        ctx.save_for_backward(means, quats, scales, viewmat, K, radii)
+        ctx.size, ctx.eps2d, ctx.antialiased = (width, height), eps2d, antialiased
+        ctx.mark_non_differentiable(radii)
+        return radii, means2d, depths, conics, compensations
+
+    @staticmethod
+    def backward(ctx, _grad_radii, grad_means2d, grad_depths, grad_conics, grad_compensations):
+        means, quats, scales, viewmat, K, radii = ctx.saved_tensors
+
+        def dense(grad, like):  # autograd passes None for an output nobody used
+            return grad.contiguous() if grad is not None else torch.zeros_like(like)
+
+        n = means.shape[0]
+        grad_compensations = (dense(grad_compensations, means[:, 0]) if ctx.antialiased
+                              else means.new_empty(0))
+        g_means, g_quats, g_scales = _module().project_backward(
+            means, quats, scales, viewmat, K, *ctx.size, ctx.eps2d, radii,
+            dense(grad_means2d, means[:, :2]), dense(grad_depths, means[:n, 0]), dense(grad_conics, means),
+            grad_compensations,
+        )
+        return g_means, g_quats, g_scales, None, None, None, None, None, None, None, None
+
+
+def project(means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased=False):
+    """Same inputs, outputs and rules as `raster_torch.project`: in C++ for one camera whose
+    viewmat and K need no gradient (ours never do), the twin otherwise."""
+    if viewmat.requires_grad or K.requires_grad or means.dim() != 2 or means.dtype != viewmat.dtype:
+        return raster_torch.project(means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d,
+                                    antialiased)
+    dtype = means.dtype
+    radii, means2d, depths, conics, compensations = _Project.apply(
+        means.contiguous(), quats.to(dtype).contiguous(), scales.to(dtype).contiguous(), viewmat.contiguous(),
+        K.to(dtype).contiguous(), int(width), int(height), float(near_plane), float(far_plane), float(eps2d),
+        bool(antialiased),
+    )
+    return (radii, means2d, depths, conics, compensations) if antialiased else (radii, means2d, depths, conics)
 
 
 class _SphericalHarmonics(torch.autograd.Function):

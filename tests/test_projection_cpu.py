@@ -1,0 +1,168 @@
+"""The native CPU projection (cuda/cpu/projection_cpu.cpp) against its twin, the oracle.
+
+Random Gaussians built to hold every case the projection's rules have: behind the camera, on
+the near plane, beyond the far plane; off the image (culled) and outside the 1.3x field of
+view but reaching into the image (the Jacobian's clamp active); zero, tiny and huge
+quaternions (F.normalize's floor); flat and needle-like scales; and an intrinsics matrix with
+skew. Forward within 1e-5 and gradients within 1e-4 of the largest (float32), far closer in
+float64, a float64 gradcheck, the same bits on 1 and 2 threads, and the dispatch.
+tests/test_render.py checks both against an independent formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_raster_cpu import native  # noqa: F401  (skip without a compiler, fail on a broken build)
+
+from turbogs import kernels
+from turbogs.kernels import raster_cpu, raster_torch
+
+WIDTH, HEIGHT = 120, 90
+NEAR, FAR, EPS2D = 0.2, 30.0, 0.3
+
+
+def make_camera(dtype=torch.float32):
+    """viewmat [4, 4] (rotated about two axes, moved) and K [3, 3] with skew, off-center."""
+    a, b = 0.3, -0.2
+    rx = torch.tensor([[1, 0, 0], [0, math.cos(a), -math.sin(a)], [0, math.sin(a), math.cos(a)]])
+    ry = torch.tensor([[math.cos(b), 0, math.sin(b)], [0, 1, 0], [-math.sin(b), 0, math.cos(b)]])
+    viewmat = torch.eye(4)
+    viewmat[:3, :3] = rx @ ry
+    viewmat[:3, 3] = torch.tensor([0.2, -0.1, 0.4])
+    K = torch.tensor([[110.0, 0.7, 63.0], [0.0, 104.0, 41.0], [0.0, 0.0, 1.0]])
+    return viewmat.to(dtype), K.to(dtype)
+
+
+def make_gaussians(n: int, seed: int, dtype=torch.float32):
+    """(means, quats, scales) in world space; the special cases come first."""
+    viewmat, _ = make_camera(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    means_c = torch.randn(n, 3, generator=g, dtype=torch.float64) * torch.tensor([1.2, 0.9, 1.5])
+    means_c[:, 2] += 5.0
+    quats = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    scales = torch.exp(torch.rand(n, 3, generator=g, dtype=torch.float64) * math.log(300.0)) * 0.002  # to 0.6
+    means_c[0, 2] = -2.0  # behind the camera
+    means_c[1] = torch.tensor([0.01, -0.01, NEAR + 1e-3])  # just inside the near plane
+    means_c[2, 2] = FAR + 1.0  # beyond the far plane
+    means_c[3, 2] = NEAR * 0.5  # in front of the camera, closer than the near plane
+    means_c[4:14] = torch.tensor([0.0, 0.0, 5.0])
+    means_c[4:8, 0] = 10.0  # at x/z = 2, past the 1.3x field of view (about 0.92)
+    scales[4:6] = 2.0  # ... big enough to reach into the image: visible, clamped
+    means_c[8:10, 0] = -7.5  # left, same
+    scales[8] = 2.0
+    means_c[10:12, 1] = 8.0  # below
+    scales[10] = 2.5
+    means_c[12:14, 0] = 15.0  # far off the image: culled
+    quats[14] = 0.0  # no rotation at all (F.normalize leaves it zero)
+    quats[15] *= 1e-14  # below F.normalize's floor
+    quats[16] *= 1e6
+    scales[17] = torch.tensor([3e-3, 0.3, 0.3])  # flat
+    scales[18] = torch.tensor([0.5, 3e-3, 3e-3])  # a needle
+    rotation, translation = viewmat[:3, :3], viewmat[:3, 3]
+    means = (means_c - translation) @ rotation  # R^T (x_c - t)
+    return [t.to(dtype) for t in (means, quats, scales)]
+
+
+def project_with(backend, gaussians, dtype, antialiased, seed=5):
+    """Outputs and the gradients (means, quats, scales) of a random linear function of them."""
+    viewmat, K = make_camera(dtype)
+    leaves = [t.detach().clone().requires_grad_() for t in gaussians]
+    outputs = backend.project(*leaves, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D, antialiased)
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((out * torch.randn(out.shape, generator=g, dtype=dtype)).sum() for out in outputs[1:])
+    loss.backward()
+    return [out.detach() for out in outputs], [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("dtype, forward_tol, grad_tol", [(torch.float32, 1e-5, 1e-4), (torch.float64, 1e-12, 1e-11)])
+@pytest.mark.parametrize("antialiased", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_native_projection_matches_the_twin(dtype, forward_tol, grad_tol, antialiased, seed):
+    gaussians = make_gaussians(3000, seed, dtype)
+    (radii, *floats), grads = project_with(raster_cpu, gaussians, dtype, antialiased)
+    (radii_t, *floats_t), grads_t = project_with(raster_torch, gaussians, dtype, antialiased)
+
+    # A radius is a ceil: another rounding may move one across an integer, nothing more.
+    assert int((radii != radii_t).any(-1).sum()) <= 2
+    assert int((radii - radii_t).abs().max()) <= 1
+    visible, visible_t = (radii > 0).any(-1), (radii_t > 0).any(-1)
+    assert torch.equal(visible, visible_t)
+    assert bool(visible[[1, 4, 5, 8, 10, 14, 15, 16, 17, 18]].all()), "the special cases meant to be seen"
+    assert not bool(visible[[0, 2, 3, 12, 13]].any()), "the special cases meant to be culled"
+    for got, want in zip(floats, floats_t):
+        assert float((got - want).abs().max() / want.abs().max()) <= forward_tol
+        assert bool((got[~visible] == 0).all())  # culled: zeros
+    for name, got, want in zip(["means", "quats", "scales"], grads, grads_t):
+        error = float((got - want).abs().max() / want.abs().max())
+        assert error <= grad_tol, f"{name}: {error:.2e} of the largest gradient"
+        assert bool((got[~visible] == 0).all()), f"{name}: a culled Gaussian got a gradient"
+
+
+def test_the_clamped_jacobian_and_the_normalize_floor_are_exercised():
+    """The cases above are what they claim: some visible Gaussians have x/z or y/z past the
+    widened field of view, and the quaternions span F.normalize's floor."""
+    means, quats, _ = make_gaussians(3000, 0, torch.float64)
+    viewmat, K = make_camera(torch.float64)
+    means_c = means @ viewmat[:3, :3].T + viewmat[:3, 3]
+    u = means_c[:, 0] / means_c[:, 2]
+    limit = (WIDTH - K[0, 2]) / K[0, 0] + 0.15 * WIDTH / K[0, 0]
+    assert bool((u[4:6] > limit).all())
+    assert float(quats[15].norm()) < 1e-12 < float(quats[16].norm())
+
+
+def test_native_projection_gradients_against_finite_differences():
+    means, quats, scales = make_gaussians(40, 2, torch.float64)
+    viewmat, K = make_camera(torch.float64)
+    # Visible, and not the quaternion below the floor (a finite difference step would lift it above).
+    keep = [1, 4, 5, 8, 10, 14, 16, 17, 18] + list(range(20, 40))
+    inputs = [t[keep].clone().requires_grad_() for t in (means, quats, scales)]
+
+    def projected(means, quats, scales):
+        return raster_cpu.project(means, quats, scales, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D, True)[1:]
+
+    assert bool((raster_cpu.project(*inputs, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D)[0] > 0).all())
+    assert torch.autograd.gradcheck(projected, inputs, eps=1e-7, atol=1e-6, rtol=1e-5)
+
+
+def test_native_projection_does_not_depend_on_the_thread_count():
+    gaussians = make_gaussians(5000, 3)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(project_with(raster_cpu, gaussians, torch.float32, True))
+    finally:
+        torch.set_num_threads(before)
+    for got, want in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert torch.equal(got, want)
+
+
+def test_the_dispatch_projects_natively_and_leaves_camera_gradients_to_the_twin(monkeypatch):
+    calls = []
+    native_forward = raster_cpu._Project.forward
+
+    def counting(*args):
+        calls.append(1)
+        return native_forward(*args)
+
+    monkeypatch.setattr(raster_cpu._Project, "forward", staticmethod(counting))
+    means, quats, scales = make_gaussians(200, 4)
+    viewmat, K = make_camera()
+    kernels.use_torch_twins(False)
+    kernels.project(means, quats, scales, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D)
+    assert len(calls) == 1
+    # A camera being optimized: its gradient comes from the twin, and agrees with autograd's.
+    viewmat = viewmat.clone().requires_grad_()
+    _, means2d, _, conics = kernels.project(means, quats, scales, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D)
+    (means2d.sum() + conics.sum()).backward()
+    assert len(calls) == 1 and viewmat.grad is not None and float(viewmat.grad.abs().sum()) > 0
+    kernels.use_torch_twins(True)
+    try:
+        kernels.project(means, quats, scales, viewmat.detach(), K, WIDTH, HEIGHT, NEAR, FAR, EPS2D)
+    finally:
+        kernels.use_torch_twins(False)
+    assert len(calls) == 1
