@@ -102,7 +102,7 @@ def main() -> None:
             args.base: build_module().load_cpu_jit(source_dir=sources_at(args.base, Path(tmp) / "base"),
                                                    name=f"turbogs_cpu_ab_{label}",
                                                    build_dir=Path.home() / ".cache" / "turbogs" / "ab" / label),
-            "this tree": raster_cpu._module(),  # the project's own build, cached as the trainer uses it
+            "this tree": raster_cpu.native_module(),  # the project's own build, cached as the trainer uses it
         }
         print(f"{args.scene} -r {args.resolution}, {args.threads} thread(s), torch {torch.__version__}; "
               f"medians of {args.repeats}, the builds taking turns")

@@ -70,7 +70,7 @@ def test_a_failed_kernel_build_on_cuda_is_one_clear_error(monkeypatch):
 
 def test_the_twins_run_on_cuda_only_when_asked_for(monkeypatch):
     failing_build(monkeypatch)
-    assert kernels._turbo_backend(False) is turbo_torch  # CPU inputs: always the twins
+    assert kernels._turbo_backend(False) is turbo_torch  # not CUDA float32 inputs: the twins
     kernels.use_torch_twins(True)
     assert kernels._turbo_backend(True) is turbo_torch  # no build attempted, no error
     kernels.use_torch_twins(False)

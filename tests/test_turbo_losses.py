@@ -1,4 +1,5 @@
-"""The tile-wise loss twin (turbogs.turbo.losses / kernels.turbo_torch) against numpy loops."""
+"""The tile-wise loss (turbogs.turbo.losses) against numpy loops: the twin (kernels.turbo_torch)
+and, where a C++ compiler is, the CPU kernel (kernels.turbo_cpu), every test on both."""
 
 import math
 
@@ -6,10 +7,22 @@ import numpy as np
 import pytest
 import torch
 
+from turbogs import kernels
 from turbogs.errors import TurboGSError
+from turbogs.kernels import raster_cpu
 from turbogs.kernels import turbo_torch as _torch_impl
 from turbogs.tiles import gather_tiles, tile_grid, tile_pixel_index
 from turbogs.turbo.losses import LossConfig, TileLoss
+
+@pytest.fixture(autouse=True, params=["twin", "native"])
+def backend(request):
+    """TileLoss dispatches to the native CPU kernel unless the twins are asked for."""
+    if request.param == "native" and not raster_cpu.load():
+        pytest.skip("TurboGS's CPU kernels are not built here (no C++ compiler)")
+    kernels.use_torch_twins(request.param == "twin")
+    yield request.param
+    kernels.use_torch_twins(False)
+
 
 # --- an independent reference: explicit loops over tiles, blocks and pixels -------------
 

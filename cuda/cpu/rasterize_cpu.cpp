@@ -47,6 +47,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -244,7 +245,20 @@ std::vector<at::Tensor> project_backward(const at::Tensor& means, const at::Tens
                                          const at::Tensor& grad_depths, const at::Tensor& grad_conics,
                                          const at::Tensor& grad_compensations);
 
+// tile_loss_cpu.cpp
+std::vector<at::Tensor> tile_loss_forward(const at::Tensor& render, const at::Tensor& gt,
+                                          const std::optional<at::Tensor>& mask, const at::Tensor& tile_ids,
+                                          int64_t tile_size, int64_t ssim_patch, int64_t ncc_patch, double lambda_ssim,
+                                          double lambda_ncc, double ncc_eps, double ncc_std_ref, double ssim_c1,
+                                          double ssim_c2);
+at::Tensor tile_loss_backward(const at::Tensor& render, const at::Tensor& gt, const std::optional<at::Tensor>& mask,
+                              const at::Tensor& tile_ids, const at::Tensor& tile_scale, int64_t tile_size,
+                              int64_t ssim_patch, int64_t ncc_patch, double lambda_ssim, double lambda_ncc,
+                              double ncc_eps, double ncc_std_ref, double ssim_c1, double ssim_c2);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tile_loss_forward", &tile_loss_forward, "per-tile loss and counted-pixel weight (CPU)");
+  m.def("tile_loss_backward", &tile_loss_backward, "gradient of the weighted tile losses wrt the render (CPU)");
   m.def("project_forward", &project_forward, "EWA projection of Gaussians into one camera, forward (CPU)");
   m.def("project_backward", &project_backward, "EWA projection of Gaussians into one camera, backward (CPU)");
   m.def("sh_forward", &sh_forward, "spherical harmonics of degree 0-3, forward (CPU)");

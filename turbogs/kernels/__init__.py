@@ -8,7 +8,7 @@ Every op below has two implementations with the same signature and semantics:
 The choice is made here, from the device of the inputs, and nowhere else: no other
 module branches on the device. On CUDA a kernel that cannot be built or loaded is an error
 (one line, exit 2), never a silent fallback: a "GPU figure" must not come from the twins.
-On the CPU the native kernels (projection, SH, tile intersection, compositing) are built on first use
+On the CPU the native kernels (projection, SH, tile intersection, compositing, tile loss) are built on first use
 (`prepare_kernels`, before the training clock starts); without a C++ compiler one line says
 so and the twins run.
 An explicit `--torch-twins` (use_torch_twins) runs TurboGS's own ops as twins on either
@@ -20,6 +20,7 @@ device; `backend_name()` says which ran, and results.json / bench.json record it
     raster_cpu.py        the same four ops in C++ on the CPU (cuda/cpu/, built just in time)
     turbo_torch.py       error memory, Gumbel sampling keys, tile loss: the torch twins
     turbo_cuda.py        the same over our kernels in turbogs._C (cuda/, built or JIT-compiled)
+    turbo_cpu.py         the tile loss in C++ on the CPU (with raster_cpu's kernels), the rest twins
 
 Tile geometry (TILE_SIZE, ids, masks) is turbogs/tiles.py; callers pass tile_size=TILE_SIZE.
 """
@@ -30,7 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
-from turbogs.kernels import raster_cpu, raster_gsplat, raster_torch, turbo_cuda, turbo_torch
+from turbogs.kernels import raster_cpu, raster_gsplat, raster_torch, turbo_cpu, turbo_cuda, turbo_torch
 
 _twins = False  # --torch-twins: TurboGS's own ops run as their torch twins (CUDA and CPU)
 
@@ -133,12 +134,14 @@ def rasterize(means2d, conics, colors, opacities, width, height, tile_size, isec
 
 
 # --- TurboGS ops ---
-# Error memory, tile sampling and the sparse tile loss: turbo_cuda (kernels of
-# turbogs._C, built by setup.py or just-in-time) on CUDA float32 inputs, the twins in
-# turbo_torch elsewhere (or with use_torch_twins). Semantics: see turbo_torch.
+# Error memory, tile sampling and the sparse tile loss: turbo_cuda (kernels of turbogs._C,
+# built by setup.py or just-in-time) on CUDA float32 inputs; on the CPU turbo_cpu (the tile
+# loss in C++, float32 / float64) when the CPU kernels are built; the twins in turbo_torch
+# elsewhere (or with use_torch_twins). Semantics: see turbo_torch.
 
 
 def _turbo_backend(cuda: bool):
+    """On CUDA: turbogs._C (an error if it cannot be built) unless the twins are asked for."""
     if not cuda or _twins:
         return turbo_torch
     turbo_cuda.require()  # raises TurboGSError when turbogs._C cannot be built or loaded
@@ -146,7 +149,11 @@ def _turbo_backend(cuda: bool):
 
 
 def _turbo_for(t: torch.Tensor):
-    return _turbo_backend(on_cuda(t) and t.dtype == torch.float32)
+    if on_cuda(t):
+        return _turbo_backend(t.dtype == torch.float32)
+    if t.dtype in (torch.float32, torch.float64) and _native_cpu():
+        return turbo_cpu
+    return turbo_torch
 
 
 def error_memory_update(errors, view, num_tiles, tile_ids, tile_errors, decay):

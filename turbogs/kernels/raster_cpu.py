@@ -59,7 +59,8 @@ def forget() -> None:
     _state["module"], _state["tried"] = None, False
 
 
-def _module():
+def native_module():
+    """The built module (turbogs_cpu); the dispatch only calls for it after `load()` succeeded."""
     if not load():
         raise RuntimeError("TurboGS's CPU kernels are not built")
     return _state["module"]
@@ -74,7 +75,7 @@ class _Rasterize(torch.autograd.Function):
     def forward(ctx, means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids, size):
         width, height, tile_size = size
         bg = background if background is not None else colors.new_empty(0)
-        image, alpha, transmittance, last = _module().rasterize_forward(
+        image, alpha, transmittance, last = native_module().rasterize_forward(
             means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size
         )
         ctx.save_for_backward(means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, alpha,
@@ -90,7 +91,7 @@ class _Rasterize(torch.autograd.Function):
             height, width, colors.shape[-1], dtype=colors.dtype)
         grad_alpha = grad_alpha.contiguous() if grad_alpha is not None else torch.zeros(
             height, width, 1, dtype=colors.dtype)
-        g_means, g_conics, g_colors, g_opacities, g_background = _module().rasterize_backward(
+        g_means, g_conics, g_colors, g_opacities, g_background = native_module().rasterize_backward(
             means2d, conics, colors, opacities, bg, tiles, isect_offsets, flatten_ids, width, height, tile_size,
             *state, grad_image, grad_alpha,
         )
@@ -133,7 +134,7 @@ class _Project(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased):
-        radii, means2d, depths, conics, compensations = _module().project_forward(
+        radii, means2d, depths, conics, compensations = native_module().project_forward(
             means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased)
         ctx.save_for_backward(means, quats, scales, viewmat, K, radii)
         ctx.size, ctx.eps2d, ctx.antialiased = (width, height), eps2d, antialiased
@@ -150,7 +151,7 @@ class _Project(torch.autograd.Function):
         n = means.shape[0]
         grad_compensations = (dense(grad_compensations, means[:, 0]) if ctx.antialiased
                               else means.new_empty(0))
-        g_means, g_quats, g_scales = _module().project_backward(
+        g_means, g_quats, g_scales = native_module().project_backward(
             means, quats, scales, viewmat, K, *ctx.size, ctx.eps2d, radii,
             dense(grad_means2d, means[:, :2]), dense(grad_depths, means[:n, 0]), dense(grad_conics, means),
             grad_compensations,
@@ -180,12 +181,12 @@ class _SphericalHarmonics(torch.autograd.Function):
     def forward(ctx, degree, dirs, coeffs):
         ctx.save_for_backward(dirs, coeffs)
         ctx.degree = degree
-        return _module().sh_forward(degree, dirs, coeffs)
+        return native_module().sh_forward(degree, dirs, coeffs)
 
     @staticmethod
     def backward(ctx, grad):
         dirs, coeffs = ctx.saved_tensors
-        g_dirs, g_coeffs = _module().sh_backward(ctx.degree, dirs, coeffs, grad.contiguous())
+        g_dirs, g_coeffs = native_module().sh_backward(ctx.degree, dirs, coeffs, grad.contiguous())
         return None, g_dirs if ctx.needs_input_grad[1] else None, g_coeffs if ctx.needs_input_grad[2] else None
 
 
@@ -213,7 +214,7 @@ def intersect_tiles(
 ) -> Tuple[Tensor, Tensor]:
     """Same inputs and outputs as `raster_torch.intersect_tiles`, bit for bit."""
     mask = torch.empty(0, dtype=torch.bool) if tile_mask is None else tile_mask.reshape(-1)
-    offsets, flatten_ids = _module().intersect_tiles(
+    offsets, flatten_ids = native_module().intersect_tiles(
         means2d.detach(), radii, depths.detach(), int(tile_size), int(tile_width), int(tile_height), mask
     )
     return offsets, flatten_ids

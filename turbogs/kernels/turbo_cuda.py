@@ -117,16 +117,17 @@ def _param_args(params):
 
 class _TileLossFunction(torch.autograd.Function):
     """Forward: per-tile losses from the fused kernel, reduced like the twin. Backward:
-    the fused backward kernel (statistics recomputed, nothing stored per pixel)."""
+    the fused backward kernel (statistics recomputed, nothing stored per pixel). `module`:
+    turbogs._C on CUDA, the CPU kernels (turbo_cpu) on the CPU; both bind the same two functions."""
 
     @staticmethod
-    def forward(ctx, render, gt, tile_ids, mask, params):
+    def forward(ctx, module, render, gt, tile_ids, mask, params):
         args = _param_args(params)
-        tile_loss, tile_weight = _module().tile_loss_forward(render, gt, mask, tile_ids, *args)
+        tile_loss, tile_weight = module.tile_loss_forward(render, gt, mask, tile_ids, *args)
         total = tile_weight.sum()
         loss = turbo_torch._safe_div((tile_weight * tile_loss).sum(), total)
         ctx.save_for_backward(render, gt, tile_ids, mask, tile_weight, total)
-        ctx.args = args
+        ctx.module, ctx.args = module, args
         ctx.mark_non_differentiable(tile_loss)
         return loss, tile_loss
 
@@ -134,14 +135,19 @@ class _TileLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_tile_loss):
         render, gt, tile_ids, mask, tile_weight, total = ctx.saved_tensors
         # dLoss/dL_i = N_i / sum(N): the weighted mean of the forward pass.
-        tile_scale = turbo_torch._safe_div(grad_loss * tile_weight, total).float().contiguous()
-        grad_render = _module().tile_loss_backward(render, gt, mask, tile_ids, tile_scale, *ctx.args)
-        return grad_render, None, None, None, None
+        tile_scale = turbo_torch._safe_div(grad_loss * tile_weight, total).to(render.dtype).contiguous()
+        grad_render = ctx.module.tile_loss_backward(render, gt, mask, tile_ids, tile_scale, *ctx.args)
+        return None, grad_render, None, None, None, None
+
+
+def fused_tile_loss(module, render, gt, tile_ids, mask, params):
+    """The twin's (loss, tile_errors) from `module`'s fused forward and backward kernels."""
+    render = render.contiguous()
+    gt = gt.detach().to(render.dtype).contiguous()
+    mask = None if mask is None else mask.detach().to(render.dtype).contiguous()
+    loss, tile_errors = _TileLossFunction.apply(module, render, gt, tile_ids.contiguous(), mask, params)
+    return loss, tile_errors.detach()
 
 
 def tile_loss(render, gt, tile_ids, mask, params):
-    render = render.contiguous()
-    gt = gt.detach().float().contiguous()
-    mask = None if mask is None else mask.detach().float().contiguous()
-    loss, tile_errors = _TileLossFunction.apply(render, gt, tile_ids.contiguous(), mask, params)
-    return loss, tile_errors.detach()
+    return fused_tile_loss(_module(), render, gt, tile_ids, mask, params)
