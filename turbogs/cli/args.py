@@ -54,8 +54,9 @@ def port_arg(text: str) -> int:
 def add_torch_twins(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-twins", action="store_true",
                    help="run TurboGS's own ops as their torch twins: on CUDA the error memory, sampling and tile "
-                        "loss instead of the turbogs._C kernels, on the CPU the compositing instead of the native "
-                        "C++ kernel. Slower: to debug a kernel or time both paths. Without it, CUDA kernels that "
+                        "loss instead of the turbogs._C kernels, on the CPU the projection, SH, tile intersection, "
+                        "compositing and tile loss instead of the native C++ kernels. Slower: to debug a kernel or "
+                        "time both paths. Without it, CUDA kernels that "
                         "cannot be built are an error (a CPU build that fails falls back to the twins, one line)")
 
 

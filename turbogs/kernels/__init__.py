@@ -39,13 +39,13 @@ _twins = False  # --torch-twins: TurboGS's own ops run as their torch twins (CUD
 def use_torch_twins(enabled: bool) -> None:
     """Ask for the torch twins of TurboGS's own ops (slower; to debug a kernel, or to time
     both paths side by side). On CUDA, gsplat's rasterization chain has no such switch: it is
-    gsplat's or nothing; on the CPU the compositing runs as the twin too."""
+    gsplat's or nothing; on the CPU the whole chain runs as the twins too."""
     global _twins
     _twins = bool(enabled)
 
 
 def backend_name(device: torch.device) -> str:
-    """What runs on `device`: on the CPU "cpu-native" (our C++ compositing) or "torch" (the
+    """What runs on `device`: on the CPU "cpu-native" (our C++ kernels) or "torch" (the
     twins: asked for, or no compiler); on CUDA "gsplat+turbogs._C" or "gsplat+twins"."""
     if torch.device(device).type != "cuda":
         return "cpu-native" if _native_cpu() else "torch"
@@ -63,8 +63,8 @@ def prepare_kernels(device: torch.device, log: Optional[Callable[[str], None]] =
 
 
 def _native_cpu() -> bool:
-    """Whether the CPU compositing runs natively: not asked for the twins, and built (the
-    first call builds it)."""
+    """Whether the CPU kernels run natively: not asked for the twins, and built (the first
+    call builds them)."""
     return not _twins and raster_cpu.load()
 
 
