@@ -144,17 +144,15 @@ class _Project(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _grad_radii, grad_means2d, grad_depths, grad_conics, grad_compensations):
         means, quats, scales, viewmat, K, radii = ctx.saved_tensors
-
-        def dense(grad, like):  # autograd passes None for an output nobody used
-            return grad.contiguous() if grad is not None else torch.zeros_like(like)
-
         n = means.shape[0]
-        grad_compensations = (dense(grad_compensations, means[:, 0]) if ctx.antialiased
-                              else means.new_empty(0))
+
+        def dense(grad, *shape):  # autograd passes None for an output nobody used
+            return grad.contiguous() if grad is not None else means.new_zeros(shape)
+
         g_means, g_quats, g_scales = native_module().project_backward(
-            means, quats, scales, viewmat, K, *ctx.size, ctx.eps2d, radii,
-            dense(grad_means2d, means[:, :2]), dense(grad_depths, means[:n, 0]), dense(grad_conics, means),
-            grad_compensations,
+            means, quats, scales, viewmat, K, *ctx.size, ctx.eps2d, radii, dense(grad_means2d, n, 2),
+            dense(grad_depths, n), dense(grad_conics, n, 3),
+            dense(grad_compensations, n) if ctx.antialiased else means.new_empty(0),
         )
         return g_means, g_quats, g_scales, None, None, None, None, None, None, None, None
 
