@@ -135,6 +135,21 @@ struct Ncc {
   }
 };
 
+// Calls fn(moments, y0, x0) for each patch x patch block of the tile, (y0, x0) its corner.
+template <typename T, class Fn>
+void for_each_block(const TilePixels<T>& t, int64_t ts, int64_t patch, Fn fn) {
+  for (int64_t y0 = 0; y0 < ts; y0 += patch)
+    for (int64_t x0 = 0; x0 < ts; x0 += patch) fn(Moments<T>(t, ts, y0, x0, patch), y0, x0);
+}
+
+// Calls fn(i) for each counted pixel of the block at (y0, x0), i its index in the tile.
+template <typename T, class Fn>
+void for_each_counted(const TilePixels<T>& t, int64_t ts, int64_t y0, int64_t x0, int64_t patch, Fn fn) {
+  for (int64_t y = y0; y < y0 + patch; ++y)
+    for (int64_t x = x0; x < x0 + patch; ++x)
+      if (t.w[y * ts + x] > 0) fn(y * ts + x);
+}
+
 // The tile's loss sum over its counted pixels.
 template <typename T>
 T tile_total(const TilePixels<T>& t, const Params& p) {
@@ -144,18 +159,14 @@ T tile_total(const TilePixels<T>& t, const Params& p) {
     l1 += t.w[i] * (std::abs(t.r[i][0] - t.g[i][0]) + std::abs(t.r[i][1] - t.g[i][1]) + std::abs(t.r[i][2] - t.g[i][2])) /
           T(3);
   T ssim_sum = 0, ncc_sum = 0;
-  for (int64_t y0 = 0; y0 < ts; y0 += p.ssim_patch)
-    for (int64_t x0 = 0; x0 < ts; x0 += p.ssim_patch) {
-      const Moments<T> m(t, ts, y0, x0, p.ssim_patch);
-      const Ssim<T> s(m, p);
-      ssim_sum += m.n * ((s.value[0] + s.value[1] + s.value[2]) / T(3));
-    }
-  for (int64_t y0 = 0; y0 < ts; y0 += p.ncc_patch)
-    for (int64_t x0 = 0; x0 < ts; x0 += p.ncc_patch) {
-      const Moments<T> m(t, ts, y0, x0, p.ncc_patch);
-      const Ncc<T> q(m, p);
-      ncc_sum += m.n * q.confidence * (1 - q.value);
-    }
+  for_each_block(t, ts, p.ssim_patch, [&](const Moments<T>& m, int64_t, int64_t) {
+    const Ssim<T> s(m, p);
+    ssim_sum += m.n * ((s.value[0] + s.value[1] + s.value[2]) / T(3));
+  });
+  for_each_block(t, ts, p.ncc_patch, [&](const Moments<T>& m, int64_t, int64_t) {
+    const Ncc<T> q(m, p);
+    ncc_sum += m.n * q.confidence * (1 - q.value);
+  });
   return l1 + T(p.lambda_ssim) * (t.n_tile - ssim_sum) + T(p.lambda_ncc) * ncc_sum;
 }
 
@@ -167,37 +178,26 @@ template <typename T>
 void tile_gradient(const TilePixels<T>& t, const Params& p, T scale, T (*grad)[3]) {
   const int64_t ts = p.tile_size;
   for (int64_t i = 0; i < ts * ts; ++i) grad[i][0] = grad[i][1] = grad[i][2] = 0;
-  for (int64_t y0 = 0; y0 < ts; y0 += p.ssim_patch)
-    for (int64_t x0 = 0; x0 < ts; x0 += p.ssim_patch) {
-      const Moments<T> m(t, ts, y0, x0, p.ssim_patch);
-      const Ssim<T> s(m, p);
-      for (int64_t y = y0; y < y0 + p.ssim_patch; ++y)
-        for (int64_t x = x0; x < x0 + p.ssim_patch; ++x) {
-          const int64_t i = y * ts + x;
-          if (!(t.w[i] > 0)) continue;
-          for (int c = 0; c < 3; ++c) {
-            const T d_ssim =
-                s.d_mu[c] + 2 * (t.r[i][c] - m.mu_r[c]) * s.d_var[c] + (t.g[i][c] - m.mu_g[c]) * s.d_cov[c];
-            const T diff = t.r[i][c] - t.g[i][c];
-            const T sign = T((diff > 0) - (diff < 0));
-            grad[i][c] += sign / T(3) - T(p.lambda_ssim) * d_ssim / T(3);
-          }
-        }
-    }
-  for (int64_t y0 = 0; y0 < ts; y0 += p.ncc_patch)
-    for (int64_t x0 = 0; x0 < ts; x0 += p.ncc_patch) {
-      const Moments<T> m(t, ts, y0, x0, p.ncc_patch);
-      const Ncc<T> q(m, p);
-      for (int64_t y = y0; y < y0 + p.ncc_patch; ++y)
-        for (int64_t x = x0; x < x0 + p.ncc_patch; ++x) {
-          const int64_t i = y * ts + x;
-          if (!(t.w[i] > 0)) continue;
-          for (int c = 0; c < 3; ++c) {
-            const T d_ncc = (t.g[i][c] - m.mu_g[c]) / q.den - q.value * (t.r[i][c] - m.mu_r[c]) / q.den_r;
-            grad[i][c] -= T(p.lambda_ncc) * q.confidence * d_ncc;
-          }
-        }
-    }
+  for_each_block(t, ts, p.ssim_patch, [&](const Moments<T>& m, int64_t y0, int64_t x0) {
+    const Ssim<T> s(m, p);
+    for_each_counted(t, ts, y0, x0, p.ssim_patch, [&](int64_t i) {
+      for (int c = 0; c < 3; ++c) {
+        const T d_ssim = s.d_mu[c] + 2 * (t.r[i][c] - m.mu_r[c]) * s.d_var[c] + (t.g[i][c] - m.mu_g[c]) * s.d_cov[c];
+        const T diff = t.r[i][c] - t.g[i][c];
+        const T sign = T((diff > 0) - (diff < 0));
+        grad[i][c] += sign / T(3) - T(p.lambda_ssim) * d_ssim / T(3);
+      }
+    });
+  });
+  for_each_block(t, ts, p.ncc_patch, [&](const Moments<T>& m, int64_t y0, int64_t x0) {
+    const Ncc<T> q(m, p);
+    for_each_counted(t, ts, y0, x0, p.ncc_patch, [&](int64_t i) {
+      for (int c = 0; c < 3; ++c) {
+        const T d_ncc = (t.g[i][c] - m.mu_g[c]) / q.den - q.value * (t.r[i][c] - m.mu_r[c]) / q.den_r;
+        grad[i][c] -= T(p.lambda_ncc) * q.confidence * d_ncc;
+      }
+    });
+  });
   for (int64_t i = 0; i < ts * ts; ++i)
     for (int c = 0; c < 3; ++c) grad[i][c] *= scale * t.w[i];
 }
