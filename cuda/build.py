@@ -30,7 +30,7 @@ NVCC_FLAGS = ["-O3", "-lineinfo"]
 # ATen's headers, so without -fopenmp it would run every tile on one thread. The module
 # links libgomp.so.1, which resolves to the copy torch has already loaded (one thread pool).
 CPU_DIR = HERE / "cpu"
-# -ffp-contract=off: no fused multiply-adds, so that the AVX2 and baseline copies of the kernels
+# -ffp-contract=off: no fused multiply-adds, so that the AVX-512, AVX2 and baseline copies of the kernels
 # (cpu/rasterize_cpu.cpp) round every step alike, as torch's kernels do; -Wno-psabi: the
 # vector types' ABI note for the baseline copy, whose vector functions are all inlined.
 CPU_CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi"]

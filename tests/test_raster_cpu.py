@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,36 @@ def test_results_do_not_depend_on_the_thread_count():
     assert torch.equal(image1, image2) and torch.equal(alpha1, alpha2)
     for g1, g2 in zip(grads1, grads2):
         assert torch.equal(g1, g2)
+
+
+COPY_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_raster_cpu import make_scene, render_with, tile_mask_for
+from turbogs.kernels import raster_cpu
+scene = make_scene(400, 12)
+image, alpha, grads = render_with(raster_cpu, scene, tile_mask_for("half", 12), torch.tensor([0.2, 0.5, 0.9, 0.0, 0.0]))
+torch.save([image, alpha] + grads, sys.argv[2])
+"""
+
+
+def test_every_copy_of_the_kernels_gives_the_same_bits(tmp_path):
+    """The baseline, AVX2 and AVX-512 copies (one source, -ffp-contract=off) round alike, lane
+    for lane: a model trains to the same bits on any x86 CPU. $TURBOGS_CPU_KERNELS picks the
+    copy once per process (a copy the CPU lacks falls back to the widest it has)."""
+    import os
+    import subprocess
+    import sys
+
+    runs = []
+    for copy in ("base", "avx2", "avx512"):
+        out = tmp_path / f"{copy}.pt"
+        env = dict(os.environ, TURBOGS_CPU_KERNELS=copy)
+        subprocess.run([sys.executable, "-c", COPY_SCRIPT, str(Path(__file__).parent), str(out)], env=env, check=True)
+        runs.append(torch.load(out))
+    for other in runs[1:]:
+        for got, want in zip(other, runs[0]):
+            assert torch.equal(got, want)
 
 
 def sh_inputs(count, dtype, seed=0):

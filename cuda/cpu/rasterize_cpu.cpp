@@ -26,8 +26,9 @@
 //   while a tile's list holds every Gaussian whose 3-sigma box touches the tile. The box is widened by a margin: the twin's own comparison decides every
 //   pixel inside it.
 // - A tile is composited Gaussian by Gaussian, each over its box's rows, 8 (float) columns at
-//   a time, with vector extensions and our own vector exp (rasterize_cpu_kernels.h), compiled
-//   twice: for the baseline instruction set and for AVX2, chosen at run time. The tile's
+//   a time (16 with AVX-512: a whole tile row), with vector extensions and our own vector exp
+//   (rasterize_cpu_kernels.h), compiled three times: for the baseline instruction set, for AVX2
+//   and for AVX-512, the widest the CPU has chosen at run time. The tile's
 //   per-pixel state (a few KB) stays in the L1 cache. Each Gaussian's alphas over its box come
 //   first, then the pixels' compositing (or gradients): the exps of a box then overlap.
 // - The forward leaves per pixel its final transmittance and the last Gaussian it used; the
@@ -46,7 +47,9 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -67,8 +70,10 @@ constexpr int kParams = 6;  // mean x, mean y, conic a, b, c, -sigma (for the op
 
 }  // namespace
 
-// The kernels, for the baseline instruction set and, where the compiler can target it, AVX2
-// (chosen at run time: `use_avx2`). The same source and -ffp-contract=off: both round alike.
+// The kernels, for the baseline instruction set and, where the compiler can target them, AVX2
+// and AVX-512 (chosen at run time: `kernel_copy`). The same source and -ffp-contract=off: every
+// copy rounds alike (tests/test_raster_cpu.py). The AVX-512 copy is 1.12x the AVX2 one on a
+// 2-core AMD EPYC (benchmarks/results/2026-12-06_cpu_native_projection_loss.md).
 namespace base {
 #include "rasterize_cpu_tile.h"
 #include "rasterize_cpu_kernels.h"
@@ -84,17 +89,38 @@ namespace avx2 {
 }  // namespace avx2
 #undef TURBOGS_KERNELS_AVX2
 #pragma GCC pop_options
+#define TURBOGS_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+#define TURBOGS_KERNELS_AVX512 1
+namespace avx512 {
+#include "rasterize_cpu_tile.h"
+#include "rasterize_cpu_kernels.h"
+}  // namespace avx512
+#undef TURBOGS_KERNELS_AVX512
+#pragma GCC pop_options
 #endif
 
 namespace {
 
-bool use_avx2() {
+// Which copy of the kernels runs: the widest this CPU has, or the one $TURBOGS_CPU_KERNELS names
+// ("base", "avx2", "avx512"; tests compare their bits), never one the CPU lacks.
+enum class Copy { kBase, kAvx2, kAvx512 };
+Copy kernel_copy() {
+  static const Copy chosen = [] {
+    Copy best = Copy::kBase;
 #ifdef TURBOGS_AVX2
-  static const bool supported = __builtin_cpu_supports("avx2");
-  return supported;
-#else
-  return false;
+    if (__builtin_cpu_supports("avx2")) best = Copy::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+      best = Copy::kAvx512;
 #endif
+    const char* asked = std::getenv("TURBOGS_CPU_KERNELS");
+    const std::string name = asked ? asked : "";
+    const Copy wanted = name == "base" ? Copy::kBase : name == "avx2" ? Copy::kAvx2 : Copy::kAvx512;
+    return std::min(wanted, best);
+  }();
+  return chosen;
 }
 
 void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at::Tensor& colors,
@@ -119,6 +145,18 @@ void check_inputs(const at::Tensor& means2d, const at::Tensor& conics, const at:
 
 }  // namespace
 
+// One copy's forward / backward over the dispatched scalar_t (macros: a namespace cannot be a
+// template argument).
+#define TURBOGS_FORWARD(copy)                                                                                      \
+  copy::forward_impl<scalar_t>(                                                                                     \
+      copy::Inputs<scalar_t>(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids),  \
+      copy::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()}, out, out_alpha, out_t, out_last)
+#define TURBOGS_BACKWARD(copy)                                                                                     \
+  copy::backward_impl<scalar_t>(                                                                                    \
+      copy::Inputs<scalar_t>(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids),  \
+      copy::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()}, a, t, l, gi, ga, pairs_out, \
+      bg_out)
+
 // Returns (image [H, W, C], alpha [H, W, 1], and for the backward pass the final
 // transmittance [H, W] and each pixel's last used row entry [H, W], -1 for none);
 // `background` empty for none; `tiles` the row-major ids of the tiles to composite.
@@ -136,16 +174,10 @@ std::vector<at::Tensor> rasterize_forward(const at::Tensor& means2d, const at::T
     scalar_t *out = image.data_ptr<scalar_t>(), *out_alpha = alpha.data_ptr<scalar_t>();
     scalar_t *out_t = transmittance.data_ptr<scalar_t>(), *out_last = last.data_ptr<scalar_t>();
 #ifdef TURBOGS_AVX2
-    if (use_avx2()) {
-      const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-      avx2::forward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                   out, out_alpha, out_t, out_last);
-      return;
-    }
+    if (kernel_copy() == Copy::kAvx512) return TURBOGS_FORWARD(avx512);
+    if (kernel_copy() == Copy::kAvx2) return TURBOGS_FORWARD(avx2);
 #endif
-    const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-    base::forward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                 out, out_alpha, out_t, out_last);
+    TURBOGS_FORWARD(base);
   });
   return {image, alpha, transmittance, last};
 }
@@ -180,17 +212,11 @@ std::vector<at::Tensor> rasterize_backward(const at::Tensor& means2d, const at::
     const scalar_t* ga = grad_alpha.data_ptr<scalar_t>();
     scalar_t *pairs_out = pair_grads.data_ptr<scalar_t>(), *bg_out = tile_grad_background.data_ptr<scalar_t>();
 #ifdef TURBOGS_AVX2
-    if (use_avx2()) {
-      const avx2::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-      avx2::backward_impl<scalar_t>(in, avx2::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                    a, t, l, gi, ga, pairs_out, bg_out);
-    } else
+    if (kernel_copy() == Copy::kAvx512) TURBOGS_BACKWARD(avx512);
+    else if (kernel_copy() == Copy::kAvx2) TURBOGS_BACKWARD(avx2);
+    else
 #endif
-    {
-      const base::Inputs<scalar_t> in(means2d, conics, colors, opacities, background, tiles, isect_offsets, flatten_ids);
-      base::backward_impl<scalar_t>(in, base::Grid{width, height, tile_size, isect_offsets.size(1), flatten_ids.numel()},
-                                    a, t, l, gi, ga, pairs_out, bg_out);
-    }
+      TURBOGS_BACKWARD(base);
     // The fixed-order reduction: listed tiles in order, each tile's intersections in order.
     const scalar_t* pairs = pair_grads.data_ptr<scalar_t>();
     const int32_t* ids = flatten_ids.data_ptr<int32_t>();

@@ -1,6 +1,6 @@
-// The kernels of rasterize_cpu.cpp, included there twice: once for the baseline instruction
-// set, once (on x86-64 with GCC) inside `#pragma GCC target("avx2")`, so that one build runs
-// its vectors as AVX2 where the CPU has it and as SSE2 elsewhere, each time after
+// The kernels of rasterize_cpu.cpp, included there three times: once for the baseline
+// instruction set, and (on x86-64 with GCC) inside `#pragma GCC target("avx2")` and AVX-512's,
+// so that one build runs its vectors as wide as the CPU has them, each time after
 // rasterize_cpu_tile.h (what both passes share). No include guard, no includes: rasterize_cpu.cpp
 // includes what this needs before each copy, and wraps each copy in a namespace of its own.
 

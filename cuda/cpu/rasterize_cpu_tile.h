@@ -101,17 +101,23 @@ struct TileGaussians {
 };
 
 // Columns are processed kLanes at a time with GCC/Clang vector extensions (32-byte vectors:
-// one AVX register or two SSE ones), because the compiler does not vectorize a loop with this
-// many selects by itself. Every lane computes exactly what the scalar expression computes.
+// one AVX register or two SSE ones; 64 bytes in the AVX-512 copy, a whole 16-pixel tile row),
+// because the compiler does not vectorize a loop with this many selects by itself. Every lane
+// computes exactly what the scalar expression computes, whatever the width.
+#if defined(TURBOGS_KERNELS_AVX512)
+constexpr int kVectorBytes = 64;
+#else
+constexpr int kVectorBytes = 32;
+#endif
 template <typename T>
 struct Simd {
-  static constexpr int kLanes = 32 / sizeof(T);
-  typedef T V __attribute__((vector_size(32)));
+  static constexpr int kLanes = kVectorBytes / sizeof(T);
+  typedef T V __attribute__((vector_size(kVectorBytes)));
   typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
-  typedef I M __attribute__((vector_size(32)));
+  typedef I M __attribute__((vector_size(kVectorBytes)));
   // Unaligned, typed as T: unlike memcpy, such an access may alias only Ts, so the compiler
   // need not reload every pointer and constant after each store.
-  typedef T Unaligned __attribute__((vector_size(32), aligned(alignof(T))));
+  typedef T Unaligned __attribute__((vector_size(kVectorBytes), aligned(alignof(T))));
   static V load(const T* p) { return *reinterpret_cast<const Unaligned*>(p); }
   static void store(T* p, V v) { *reinterpret_cast<Unaligned*>(p) = v; }
   static V splat(T x) { return V{} + x; }
@@ -121,7 +127,11 @@ struct Simd {
 // of lane reads it replaces was a tenth of the backward's time), else lane by lane.
 template <typename M>
 inline bool any_lane(const M& m) {
-#if defined(TURBOGS_KERNELS_AVX2)
+#if defined(TURBOGS_KERNELS_AVX512)
+  __m512i v;
+  std::memcpy(&v, &m, sizeof(v));
+  return _mm512_test_epi32_mask(v, v) != 0;
+#elif defined(TURBOGS_KERNELS_AVX2)
   __m256i v;
   std::memcpy(&v, &m, sizeof(v));
   return !_mm256_testz_si256(v, v);
