@@ -24,9 +24,10 @@ have been seen, or the schedule ends. Density-control steps get their own figure
 Two op figures. `ops_per_step` is the raw count: on the CPU it includes every op of the
 torch twins of TurboGS's own CUDA kernels (the tile loss, the error-memory update, the
 view and tile sampling keys), hundreds per turbo step. `ops_per_step_cuda_estimate`
-counts each call of those dispatched ops (turbogs.kernels) as one op, as the CUDA path
-would launch it, and everything else as counted: an estimate of the CUDA path, not a
-measurement (a kernel's wrapper may launch an allocation or two more).
+counts each call of those dispatched ops (turbogs.kernels; on the CPU the tile loss may be
+native, turbo_cpu, and counts as one op too) as one op, as the CUDA path would launch it, and
+everything else as counted: an estimate of the CUDA path, not a measurement (a kernel's
+wrapper may launch an allocation or two more; the tile loss's, four: its weighted mean).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class OpCounter(TorchDispatchMode):
 @contextmanager
 def twins_counted_as_kernels(counter: OpCounter) -> Iterator[None]:
     """While open, the torch twins of the dispatched ops tell `counter` their calls and ops."""
-    from turbogs.kernels import turbo_torch
+    from turbogs.kernels import turbo_cpu, turbo_torch
 
     def counted(fn):
         def call(*args, **kwargs):
@@ -147,14 +148,16 @@ def twins_counted_as_kernels(counter: OpCounter) -> Iterator[None]:
                 counter.twin_calls += 1
         return call
 
-    originals = {name: getattr(turbo_torch, name) for name in TWIN_OPS}
-    for name, fn in originals.items():
-        setattr(turbo_torch, name, counted(fn))
+    # The twins, and the CPU's native tile loss (turbo_cpu's other ops call the twins).
+    targets = [(turbo_torch, name) for name in TWIN_OPS] + [(turbo_cpu, "tile_loss")]
+    originals = [(module, name, getattr(module, name)) for module, name in targets]
+    for module, name, fn in originals:
+        setattr(module, name, counted(fn))
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(turbo_torch, name, fn)
+        for module, name, fn in originals:
+            setattr(module, name, fn)
 
 
 class AuditObserver(StepObserver):

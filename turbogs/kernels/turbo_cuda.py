@@ -124,8 +124,10 @@ class _TileLossFunction(torch.autograd.Function):
     def forward(ctx, module, render, gt, tile_ids, mask, params):
         args = _param_args(params)
         tile_loss, tile_weight = module.tile_loss_forward(render, gt, mask, tile_ids, *args)
-        total = tile_weight.sum()
-        loss = turbo_torch._safe_div((tile_weight * tile_loss).sum(), total)
+        # sum(N_i L_i) / sum(N), and 0 when no pixel counted (then every N_i L_i is 0 too): the
+        # twin's safe division in four launches.
+        total = tile_weight.sum().clamp_min(torch.finfo(render.dtype).tiny)
+        loss = torch.dot(tile_weight, tile_loss) / total
         ctx.save_for_backward(render, gt, tile_ids, mask, tile_weight, total)
         ctx.module, ctx.args = module, args
         ctx.mark_non_differentiable(tile_loss)
@@ -135,18 +137,19 @@ class _TileLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_tile_loss):
         render, gt, tile_ids, mask, tile_weight, total = ctx.saved_tensors
         # dLoss/dL_i = N_i / sum(N): the weighted mean of the forward pass.
-        tile_scale = turbo_torch._safe_div(grad_loss * tile_weight, total).to(render.dtype).contiguous()
-        grad_render = ctx.module.tile_loss_backward(render, gt, mask, tile_ids, tile_scale, *ctx.args)
+        tile_scale = tile_weight * (grad_loss / total)
+        grad_render = ctx.module.tile_loss_backward(render, gt, mask, tile_ids, tile_scale.contiguous(), *ctx.args)
         return None, grad_render, None, None, None, None
 
 
 def fused_tile_loss(module, render, gt, tile_ids, mask, params):
-    """The twin's (loss, tile_errors) from `module`'s fused forward and backward kernels."""
+    """The twin's (loss, tile_errors) from `module`'s fused forward and backward kernels; the
+    tile errors need no gradient (marked so), the ground truth and mask none (not detached
+    again: every launch counts on CUDA)."""
     render = render.contiguous()
-    gt = gt.detach().to(render.dtype).contiguous()
-    mask = None if mask is None else mask.detach().to(render.dtype).contiguous()
-    loss, tile_errors = _TileLossFunction.apply(module, render, gt, tile_ids.contiguous(), mask, params)
-    return loss, tile_errors.detach()
+    gt = (gt.detach() if gt.requires_grad else gt).to(render.dtype).contiguous()
+    mask = None if mask is None else (mask.detach() if mask.requires_grad else mask).to(render.dtype).contiguous()
+    return _TileLossFunction.apply(module, render, gt, tile_ids.contiguous(), mask, params)
 
 
 def tile_loss(render, gt, tile_ids, mask, params):
