@@ -113,7 +113,8 @@ void project_one(const Camera<T>& cam, const T* mean, const T* quat, const T* sc
     p.mean_c[i] = cam.R[i][0] * mean[0] + cam.R[i][1] * mean[1] + cam.R[i][2] * mean[2] + cam.t[i];
   T R_cov[3][3];
   for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) R_cov[i][j] = cam.R[i][0] * cov[0][j] + cam.R[i][1] * cov[1][j] + cam.R[i][2] * cov[2][j];
+    for (int j = 0; j < 3; ++j)
+      R_cov[i][j] = cam.R[i][0] * cov[0][j] + cam.R[i][1] * cov[1][j] + cam.R[i][2] * cov[2][j];
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j)
       p.cov_c[i][j] = R_cov[i][0] * cam.R[j][0] + R_cov[i][1] * cam.R[j][1] + R_cov[i][2] * cam.R[j][2];
@@ -216,7 +217,8 @@ void world_gradients(const Camera<T>& cam, const Projection<T>& p, const T* scal
     for (int j = 0; j < 3; ++j)
       Rt_g[i][j] = cam.R[0][i] * g_cov_c[0][j] + cam.R[1][i] * g_cov_c[1][j] + cam.R[2][i] * g_cov_c[2][j];
   for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) g_cov[i][j] = Rt_g[i][0] * cam.R[0][j] + Rt_g[i][1] * cam.R[1][j] + Rt_g[i][2] * cam.R[2][j];
+    for (int j = 0; j < 3; ++j)
+      g_cov[i][j] = Rt_g[i][0] * cam.R[0][j] + Rt_g[i][1] * cam.R[1][j] + Rt_g[i][2] * cam.R[2][j];
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j)
       g_M[i][j] = (g_cov[i][0] + g_cov[0][i]) * p.M[0][j] + (g_cov[i][1] + g_cov[1][i]) * p.M[1][j] +

@@ -49,8 +49,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 

@@ -96,7 +96,8 @@ struct Moments {
           var_r[c] += t.w[p] * dr * dr, var_g[c] += t.w[p] * dg * dg, cov[c] += t.w[p] * dr * dg;
         }
       }
-    for (int c = 0; c < 3; ++c) var_r[c] = safe_div(var_r[c], n), var_g[c] = safe_div(var_g[c], n), cov[c] = safe_div(cov[c], n);
+    for (int c = 0; c < 3; ++c)
+      var_r[c] = safe_div(var_r[c], n), var_g[c] = safe_div(var_g[c], n), cov[c] = safe_div(cov[c], n);
   }
 };
 
@@ -156,8 +157,8 @@ T tile_total(const TilePixels<T>& t, const Params& p) {
   const int64_t ts = p.tile_size;
   T l1 = 0;
   for (int64_t i = 0; i < ts * ts; ++i)
-    l1 += t.w[i] * (std::abs(t.r[i][0] - t.g[i][0]) + std::abs(t.r[i][1] - t.g[i][1]) + std::abs(t.r[i][2] - t.g[i][2])) /
-          T(3);
+    l1 += t.w[i] *
+          (std::abs(t.r[i][0] - t.g[i][0]) + std::abs(t.r[i][1] - t.g[i][1]) + std::abs(t.r[i][2] - t.g[i][2])) / T(3);
   T ssim_sum = 0, ncc_sum = 0;
   for_each_block(t, ts, p.ssim_patch, [&](const Moments<T>& m, int64_t, int64_t) {
     const Ssim<T> s(m, p);
