@@ -93,8 +93,8 @@ def load_jit(verbose: bool = False):
     )
 
 
-def cpu_sources() -> List[Path]:
-    return sorted(CPU_DIR.glob("*.cpp"))
+def cpu_sources(source_dir: Path = CPU_DIR) -> List[Path]:
+    return sorted(source_dir.glob("*.cpp"))
 
 
 def cpu_headers() -> List[Path]:
@@ -127,7 +127,7 @@ def load_cpu_jit(verbose: bool = False, source_dir: Optional[Path] = None, name:
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
         name=name,
-        sources=[str(path) for path in sorted(source_dir.glob("*.cpp"))],
+        sources=[str(path) for path in cpu_sources(source_dir)],
         extra_include_paths=[str(source_dir)],
         extra_cflags=CPU_CXX_FLAGS,
         extra_ldflags=CPU_LD_FLAGS,

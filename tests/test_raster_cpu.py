@@ -12,7 +12,10 @@ Skipped, with the reason, only where it cannot be built (no C++ compiler).
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,10 +230,6 @@ def test_every_copy_of_the_kernels_gives_the_same_bits(tmp_path):
     """The baseline, AVX2 and AVX-512 copies (one source, -ffp-contract=off) round alike, lane
     for lane: a model trains to the same bits on any x86 CPU. $TURBOGS_CPU_KERNELS picks the
     copy once per process (a copy the CPU lacks falls back to the widest it has)."""
-    import os
-    import subprocess
-    import sys
-
     runs = []
     for copy in ("base", "avx2", "avx512"):
         out = tmp_path / f"{copy}.pt"

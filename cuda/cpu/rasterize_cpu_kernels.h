@@ -135,7 +135,7 @@ void forward_impl(const Inputs<scalar_t>& in, const Grid& grid, scalar_t* out, s
       int64_t start, x0, y0, rows, cols;
       load_tile(in, grid, reach, i, gs, start, x0, y0, rows, cols);
       with_channels(channels, [&](auto fixed) {
-          tile.template composite<decltype(fixed)::value>(gs, x0, y0, rows, cols, rules);
+        tile.template composite<decltype(fixed)::value>(gs, x0, y0, rows, cols, rules);
       });
       const int64_t plane = rows * tile.stride;
       for (int64_t r = 0; r < rows; ++r) {

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from turbogs.errors import TurboGSError
-from turbogs.kernels import turbo_torch
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # turbogs/
 
