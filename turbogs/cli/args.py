@@ -44,6 +44,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share_arg(text: str) -> float:
+    """A share: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
 def port_arg(text: str) -> int:
     value = positive_int(text)
     if value > 65535:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from turbogs.cli.args import add_device, add_server, add_torch_twins, positive_float, positive_int, resolution_arg
+from turbogs.cli.args import (add_device, add_server, add_torch_twins, positive_float, positive_int, resolution_arg,
+                              share_arg)
 from turbogs.cli.sfm import add_sfm_flags, sfm_options
 from turbogs.device import pick_device
 from turbogs.errors import TurboGSError
@@ -70,6 +71,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-points", type=positive_int,
                    help="initial points along the camera rays when the capture has none (default: sized for the run from the "
                         "images' pixels, the device and the budget; 100000 for 3dgs)")
+    p.add_argument("--background-points", type=share_arg, metavar="SHARE",
+                   help="a capture with points: points for the sky and far background, as a share of its points, on "
+                        "the photos' rays at 2x to 20x the subject's distance; 0: none (default: 0.2 for turbo, 0 for 3dgs)")
     p.add_argument("--max-gaussians", type=positive_int,
                    help="never grow beyond this many Gaussians (with --density mcmc: the count it grows to)")
     p.add_argument("--antialiased", action="store_true",
@@ -288,6 +292,8 @@ def apply_ablations(cfg, args: argparse.Namespace) -> None:
         ABLATIONS["antialiased"](cfg)
     if args.random_background is not None:
         cfg.random_background = args.random_background
+    if args.background_points is not None:
+        cfg.background_points = args.background_points
 
 
 def report(summary: dict, out_dir: Path) -> None:

@@ -43,7 +43,10 @@ def params_per_gaussian(sh_degree: int) -> int:
 def gaussian_budget(scene: Scene, cfg: TrainConfig) -> int:
     """How many Gaussians the run may hold: the density control's cap where there is one, else
     the initial count (a floor: INRIA's rule has no cap)."""
-    initial = len(scene.points) if scene.points is not None and len(scene.points) else (cfg.init_random_points or INRIA_RANDOM_POINTS)
+    if scene.points is not None and len(scene.points):
+        initial = len(scene.points) + round(cfg.background_points * len(scene.points))
+    else:
+        initial = cfg.init_random_points or INRIA_RANDOM_POINTS
     cap = cfg.density.max_gaussians
     return initial if cap is None else max(initial, cap)
 

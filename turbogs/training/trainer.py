@@ -90,7 +90,7 @@ def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator
     as many as the run can afford (training/init_size.py)."""
     count, why = initial_count(scene, cfg.init_random_points, device_type, cfg.budget_seconds,
                                getattr(cfg.density, "max_gaussians", None))
-    points, colors = initial_points(scene, count, generator, log, why)
+    points, colors = initial_points(scene, count, generator, log, why, cfg.background_points)
     gaussians = Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
     gaussians.antialiased = cfg.antialiased  # trained as it will be rendered
     return gaussians
