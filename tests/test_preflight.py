@@ -46,7 +46,8 @@ def test_estimate_counts_the_loaded_images_and_the_gaussian_cap(demo):
     assert estimate.num_gaussians == len(scene.points)  # uncapped INRIA rule: the initial count
     assert estimate.gaussians == len(scene.points) * 59 * 4 * 4
     cfg.background_points = 0.5  # the start holds them too
-    assert preflight.estimate_memory(scene, cfg, torch.device("cpu")).num_gaussians == len(scene.points) + round(0.5 * len(scene.points))
+    with_background = len(scene.points) + round(0.5 * len(scene.points))
+    assert preflight.estimate_memory(scene, cfg, torch.device("cpu")).num_gaussians == with_background
     cfg.density.max_gaussians = 50_000
     assert preflight.estimate_memory(scene, cfg, torch.device("cpu")).num_gaussians == 50_000
     split = preflight.estimate_memory(scene, cfg, torch.device("cuda"), torch.device("cpu")).per_device()
