@@ -34,11 +34,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{value} must be a positive number")
     return value
@@ -46,10 +50,7 @@ def positive_float(text: str) -> float:
 
 def share_arg(text: str) -> float:
     """A share: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    value = _number(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
     return value

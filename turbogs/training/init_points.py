@@ -204,22 +204,28 @@ def points_along_rays(scene: Scene, count: int, generator: torch.Generator) -> T
     return points[keep].float().numpy(), colors[keep].float().numpy(), how
 
 
+def background_count(points: int, share: float) -> int:
+    """How many background points join a capture's `points` at `share` (at most: initial_points
+    may place fewer, or none)."""
+    return round(share * points) if points > 0 else 0
+
+
 def background_points(scene: Scene, count: int, generator: torch.Generator) -> Tuple[np.ndarray, np.ndarray, str]:
     """Up to `count` points on training rays beyond the subject (BACKGROUND_DEPTHS x each camera's
     focus distance, uniform in inverse depth, clipped to a declared box), with their pixel's colour;
     and what was done or why nothing was. None where the photos carry alpha (the background is then
     given, not modelled) or the cameras do not converge (no subject distance to go beyond)."""
+    def none(why: str) -> Tuple[np.ndarray, np.ndarray, str]:
+        return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), f"no background points ({why})"
+
     cameras = scene.train
-    focus = focus_point(*camera_centers_and_axes(cameras))
-    why_not = ""
     if count <= 0:
-        why_not = "none asked for"
-    elif any(camera.alpha is not None for camera in cameras):
-        why_not = "the photos have alpha: the background is given"
-    elif focus.point is None:
-        why_not = focus.reason
-    if why_not:
-        return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), f"no background points ({why_not})"
+        return none("none asked for")
+    if any(camera.alpha is not None for camera in cameras):
+        return none("the photos have alpha: the background is given")
+    focus = focus_point(*camera_centers_and_axes(cameras))
+    if focus.point is None:
+        return none(focus.reason)
     views, origins, dirs, colors = RaySampler(cameras, generator).sample(count)
     near, far = BACKGROUND_DEPTHS
     share = torch.rand(count, generator=generator, dtype=torch.float64)
@@ -251,7 +257,7 @@ def initial_points(scene: Scene, count: int, generator: torch.Generator, log: Ca
     colors = np.full_like(points, 0.5) if scene.point_colors is None else np.asarray(scene.point_colors, np.float32)
     what = f"the capture's {len(points)} points ({scene.points_source or 'SfM points'})"
     if background_share > 0:
-        far, far_colors, how = background_points(scene, round(background_share * len(points)), generator)
+        far, far_colors, how = background_points(scene, background_count(len(points), background_share), generator)
         points, colors = np.concatenate([points, far]), np.concatenate([colors, far_colors])
         what += f" and {how}"
     log(f"initialisation: {what}")

@@ -23,6 +23,7 @@ import torch
 from turbogs.data.scene import Scene
 from turbogs.errors import TurboGSError
 from turbogs.training.config import TrainConfig
+from turbogs.training.init_points import background_count
 from turbogs.training.init_size import INRIA_RANDOM_POINTS
 
 FLOAT_BYTES = 4
@@ -44,7 +45,7 @@ def gaussian_budget(scene: Scene, cfg: TrainConfig) -> int:
     """How many Gaussians the run may hold: the density control's cap where there is one, else
     the initial count (a floor: INRIA's rule has no cap)."""
     if scene.points is not None and len(scene.points):
-        initial = len(scene.points) + round(cfg.background_points * len(scene.points))
+        initial = len(scene.points) + background_count(len(scene.points), cfg.background_points)
     else:
         initial = cfg.init_random_points or INRIA_RANDOM_POINTS
     cap = cfg.density.max_gaussians
