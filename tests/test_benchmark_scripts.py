@@ -194,15 +194,15 @@ def test_sfm_vs_shipped_aligned_capture_carries_points_into_the_shipped_frame(tm
     import importlib.util
 
     import numpy as np
-    from scipy.spatial.transform import Rotation
 
     from turbogs.data.transforms import read_ply_points
+    from turbogs.geometry import quat_to_rotmat, rotmat_to_quat
 
     spec = importlib.util.spec_from_file_location("sfm_vs_shipped_bench2", REPO / "benchmarks" / "sfm_vs_shipped.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     shipped = _posed_cameras()
-    Q, scale, shift = Rotation.from_euler("xyz", [0.4, -0.9, 1.3]).as_matrix(), 0.5, np.array([2.0, 0.5, -1.0])
+    Q, scale, shift = quat_to_rotmat(np.array([0.8, 0.3, -0.4, 0.34])), 0.5, np.array([2.0, 0.5, -1.0])
     scene, ours = tmp_path / "shipped", tmp_path / "ours"
     (scene / "images").mkdir(parents=True)
     (ours / "sparse" / "0").mkdir(parents=True)
@@ -214,7 +214,7 @@ def test_sfm_vs_shipped_aligned_capture_carries_points_into_the_shipped_frame(tm
         new = np.eye(4)
         new[:3, :3] = w2c[:3, :3] @ Q.T
         new[:3, 3] = scale * w2c[:3, 3] - new[:3, :3] @ shift
-        qw, qx, qy, qz = np.roll(Rotation.from_matrix(new[:3, :3]).as_quat(), 1)
+        qw, qx, qy, qz = rotmat_to_quat(new[:3, :3])
         lines.append(f"{i + 1} {qw} {qx} {qy} {qz} {' '.join(map(str, new[:3, 3]))} 1 {name}\n\n")
     (scene / "transforms.json").write_text(json.dumps({"fl_x": 50, "fl_y": 50, "cx": 32, "cy": 24, "w": 64, "h": 48,
                                                        "frames": frames}))
