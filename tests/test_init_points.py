@@ -201,7 +201,7 @@ def test_a_capture_without_points_starts_from_what_the_run_affords(forward_captu
     the first log line; no flat 100k."""
     from turbogs.training.config import get_preset
     from turbogs.training.init_size import initial_count
-    from turbogs.training.trainer import initial_gaussians
+    from turbogs.training.start import initial_gaussians
 
     scene = load_scene(forward_captures["forward"], eval_split=True, log=lambda message: None)
     cfg = get_preset("turbo").for_run(steps=100, budget_seconds=budget)

@@ -17,7 +17,8 @@ from turbogs.fileio import atomic_write_json, atomic_write_text
 from turbogs.gaussians import Gaussians
 from turbogs.training.config import get_preset
 from turbogs.training.outdir import check_output_dir
-from turbogs.training.trainer import initial_gaussians, synchronize
+from turbogs.training.clock import synchronize
+from turbogs.training.start import initial_gaussians
 
 STEP_COST_FRACTIONS = (1.0, 0.5, 0.25)
 

@@ -10,6 +10,7 @@ Conventions (the same as COLMAP, OpenCV and gsplat):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -48,6 +49,13 @@ class Camera:
     @property
     def fov_y(self) -> float:
         return 2.0 * math.atan(self.height / (2.0 * float(self.K[1, 1])))
+
+    def resized(self, width: int, height: int) -> "Camera":
+        """This camera for its image resampled to width x height, without the image: the
+        intrinsics scaled per axis, so that a pixel centre (i + 0.5) maps to the same ray."""
+        scale = torch.tensor([width / self.width, height / self.height, 1.0], dtype=self.K.dtype, device=self.K.device)
+        return dataclasses.replace(self, width=width, height=height, K=self.K * scale[:, None],
+                                   image=None, mask=None, alpha=None)
 
 
 @dataclass

@@ -65,6 +65,8 @@ class DensityStep:
     # The loss of a step of V views is the mean of their losses, so each view's gradients
     # arrive divided by V; statistics that INRIA defines per view multiply them back by this.
     grad_scale: float = 1.0
+    # The training images' pixels over the requested size's: below 1 while coarse to fine trains small.
+    pixel_share: float = 1.0
     _good: Optional[bool] = field(default=None, repr=False, compare=False)
 
     def good(self) -> bool:

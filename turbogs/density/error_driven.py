@@ -39,10 +39,12 @@ progress is in [densify_from, densify_until) it
    Without it a floater persists: sparse sampling renders it rarely, over a white background
    it turns white rather than transparent, and its blame makes it grow.
 
-The budget, `budget_at(progress)`, rises linearly from the starting count to
-`max_gaussians`; growth never takes the count above it. The turbo preset runs for a
-wall-clock budget, so every schedule here is a function of the elapsed fraction
-`progress` in [0, 1], not of the step number.
+The budget, `budget_at(progress, pixel_share)`, rises linearly from the starting count to
+`max_gaussians`, and while coarse to fine trains on smaller images, no further than their share
+of the requested size's pixels: a model for a quarter of the pixels needs about a quarter of the
+Gaussians (DashGaussian grows the count with the resolution too). Growth never takes the count
+above it. The turbo preset runs for a wall-clock budget, so every schedule here is a function of
+the run's progress in [0, 1] (training/progress.py), not of the step number.
 
 In the trainer's hooks (turbogs/density/base.py): `render_features` is the probe (while the
 statistics are used), `extra_loss` the blame term, `observe` reads the probe's gradient, and
@@ -243,15 +245,17 @@ class ErrorDrivenDensity(Strategy):
         self._opacity_grad_before = (-1, None)  # (step, the opacity gradient after its last view)
         return {key: torch.zeros(n, device=device) for key in ("blame", "weight", "exposed", "fade")}
 
-    def budget_at(self, progress: float) -> int:
+    def budget_at(self, progress: float, pixel_share: float = 1.0) -> int:
         """The most Gaussians allowed at `progress`: the starting count until densify_from,
-        linear up to max_gaussians at budget_full_at, then max_gaussians. Never decreases.
+        linear up to max_gaussians at budget_full_at, then max_gaussians; at most the start plus
+        `pixel_share` (the training images' pixels over the requested size's) of the growth.
         A start above max_gaussians just means no growth."""
         cfg = self.config
         start, end = min(self.start_count, cfg.max_gaussians), cfg.max_gaussians
         progress = min(max(float(progress), 0.0), 1.0)
         span = cfg.budget_full_at - cfg.densify_from
         t = 1.0 if span <= 0 else min(max((progress - cfg.densify_from) / span, 0.0), 1.0)
+        t = min(t, max(float(pixel_share), 0.0))
         return start + int(math.floor(t * (end - start) + 1e-9))  # slack: 0.35 - 0.1 is not 0.25
 
     def needs_blame(self, progress: float) -> bool:
@@ -322,15 +326,15 @@ class ErrorDrivenDensity(Strategy):
         stats: Dict[str, object] = {"densified": False, "n_cloned": 0, "n_split": 0, "n_pruned": 0}
         if self.needs_blame(progress) and self.should_densify(step, progress) and step_info.good():
             stats.update(self.densify_and_prune(state, gaussians, step_info.optimizers, step_info.scene_extent,
-                                                progress))
+                                                progress, step_info.pixel_share))
         stats["n_gaussians"] = len(gaussians)
-        stats["budget"] = self.budget_at(progress)
+        stats["budget"] = self.budget_at(progress, step_info.pixel_share)
         return stats
 
     # --- densification ------------------------------------------------------------
     @torch.no_grad()
     def densify_and_prune(self, state: Dict[str, Tensor], gaussians: Gaussians, optimizers: rows.Optimizers,
-                          scene_extent: float, progress: float) -> Dict[str, object]:
+                          scene_extent: float, progress: float, pixel_share: float = 1.0) -> Dict[str, object]:
         """Prune, then grow into the room the budget leaves, then decay opacities; the
         window's statistics restart. Returns counts of what happened."""
         cfg = self.config
@@ -352,7 +356,7 @@ class ErrorDrivenDensity(Strategy):
         mean_score = torch.where(seen, score, 0.0).sum() / seen.sum().clamp_min(1)
         candidates = seen & (score >= cfg.grow_ratio * mean_score) & (score > 0) & (state["fade"] <= 0)
         small = max_scale <= cfg.percent_dense * scene_extent
-        room = (self.budget_at(progress) - n + prune.sum()).clamp_min(0)
+        room = (self.budget_at(progress, pixel_share) - n + prune.sum()).clamp_min(0)
         grow = self._pick_growth(candidates, small, score, room, limit=int(cfg.grow_fraction * n))
         clone, to_split = grow & small, grow & ~small
 

@@ -56,3 +56,18 @@ class StepClock:
         self._first = self._last = None
         self._estimated = 0.0
         return correction
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a clock read after it includes that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(work, device: torch.device) -> float:
+    """Wall seconds of `work()`, the GPU work it queued included."""
+    synchronize(device)
+    started = time.perf_counter()
+    work()
+    synchronize(device)
+    return time.perf_counter() - started

@@ -18,6 +18,7 @@ from turbogs.errors import TurboGSError
 from turbogs.optim.base import AdamConfig, OptimizerConfig
 from turbogs.optim.hybrid import HybridConfig
 from turbogs.training.appearance import AppearanceConfig
+from turbogs.training.coarse_to_fine import CoarseToFineConfig
 from turbogs.training.init_size import INRIA_RANDOM_POINTS
 from turbogs.turbo.losses import LossConfig
 from turbogs.turbo.sampling import SamplerConfig
@@ -79,6 +80,8 @@ class TrainConfig:
     # rule, ErrorDensityConfig = error-driven) and the optimizer (AdamConfig or HybridConfig).
     density: DensityConfig = field(default_factory=VanillaDensityConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    # The training images start small and grow to the requested size (training/coarse_to_fine.py)
+    coarse_to_fine: CoarseToFineConfig = field(default_factory=CoarseToFineConfig)
     # --antialiased: Mip-Splatting's 2D filter with opacity compensation (gsplat's
     # rasterize_mode="antialiased"); recorded in the model, whose every render then uses it
     antialiased: bool = False
@@ -177,6 +180,9 @@ def preset_turbo() -> TrainConfig:
         # (its sky no longer a shell of blobs by the cameras), test_colmap +1.6, forward_points +0.5, masks
         # +0.4, exposure level (3 seeds; benchmarks/results/2026-12-06_cpu_background_points.md).
         background_points=0.2,
+        # Small images first, growing to the requested size: at the size users train a full-size step
+        # costs a hundred small ones, and a budget spent at full size makes too few steps.
+        coarse_to_fine=CoarseToFineConfig(enabled=True),
     )
 
 
@@ -209,6 +215,10 @@ def _no_background_points(cfg: TrainConfig) -> None:
     cfg.background_points = 0.0
 
 
+def _no_coarse_to_fine(cfg: TrainConfig) -> None:
+    cfg.coarse_to_fine.enabled = False
+
+
 # The strategies and optimizers by the names --density and --optimizer take.
 DENSITY_CONFIGS: Dict[str, Type[DensityConfig]] = {c.name: c for c in (VanillaDensityConfig, ErrorDensityConfig,
                                                                         McmcDensityConfig)}
@@ -232,6 +242,7 @@ ABLATIONS: Dict[str, Callable[[TrainConfig], None]] = {
     "antialiased": _antialiased,  # not an ablation but a render mode: bench races it the same way
     "fixed-background": _fixed_background,  # photos with alpha train over the scene's background only
     "no-background-points": _no_background_points,  # the start without points beyond the subject
+    "no-coarse-to-fine": _no_coarse_to_fine,  # every step at the requested size
     **{f"density-{name}": _use("density", kind) for name, kind in DENSITY_CONFIGS.items()},
     **{f"optimizer-{name}": _use("optimizer", kind) for name, kind in OPTIMIZER_CONFIGS.items()},
 }

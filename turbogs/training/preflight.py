@@ -72,10 +72,15 @@ class MemoryEstimate:
 def estimate_memory(scene: Scene, cfg: TrainConfig, device: torch.device,
                     data_device: Optional[torch.device] = None) -> MemoryEstimate:
     views = list(scene.train) + list(scene.test)
-    images = sum(c.height * c.width * 3 * FLOAT_BYTES for c in views)
-    images += sum(c.height * c.width * FLOAT_BYTES for c in views if c.mask is not None)
-    if cfg.random_background:  # the training photos' alphas, to composite onto random colours
-        images += sum(c.height * c.width * FLOAT_BYTES for c in scene.train if c.alpha is not None)
+
+    def pixels(cameras, alphas: bool = False) -> int:
+        """Floats of RGB, masks and (to composite onto random colours) the photos' alphas."""
+        return sum(c.height * c.width * (3 + (c.mask is not None) + (alphas and c.alpha is not None)) for c in cameras)
+
+    train = pixels(scene.train, cfg.random_background)
+    images = (train + pixels(scene.test)) * FLOAT_BYTES
+    if cfg.coarse_to_fine.enabled:  # beside them, the training views at a smaller size: at most half, a quarter
+        images += train * FLOAT_BYTES // 4
     count = gaussian_budget(scene, cfg)
     # parameters + gradients + Adam's two moments = 4 copies of the parameters
     gaussians = count * params_per_gaussian(cfg.sh_degree) * FLOAT_BYTES * 4

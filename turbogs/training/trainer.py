@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
-from tqdm import tqdm
 
 from turbogs import kernels
 from turbogs.data.scene import Scene
@@ -31,21 +30,21 @@ from turbogs.density.base import DensityStep
 from turbogs.distributed.multiview import ViewResult, combine, rank_slots, slot_generator
 from turbogs.distributed.world import LOCAL, World, parameter_checksum
 from turbogs.errors import TurboGSError
-from turbogs.gaussians import PARAM_NAMES, Gaussians
 from turbogs.metrics import sampled_psnr_tensor
 from turbogs.optim.base import load_keeping_settings
 from turbogs.render import render
 from turbogs.tiles import TILE_SIZE, sampled_pixel_values, tile_grid
 from turbogs.training import checkpoint
 from turbogs.training.appearance import Appearance, load_appearance
-from turbogs.training.clock import StepClock
+from turbogs.training.bar import TrainingBar
+from turbogs.training.clock import StepClock, synchronize, timed
 from turbogs.training.config import TrainConfig
 from turbogs.training.dense_loss import photometric_loss
-from turbogs.training.init_points import initial_points
-from turbogs.training.init_size import initial_count
 from turbogs.training.observer import StepObserver
 from turbogs.training.progress import RunProgress
 from turbogs.training.running_stats import RunningStats
+from turbogs.training.sizes import TrainingSizes, run_stages
+from turbogs.training.start import initial_gaussians, make_optimizers
 from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
 from turbogs.training.views import TrainingViews, ViewOrder, photo_alphas
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
@@ -84,37 +83,11 @@ class RunOptions:
 # --- building blocks --------------------------------------------------------------
 
 
-def initial_gaussians(scene: Scene, cfg: TrainConfig, generator: torch.Generator, device_type: str = "cpu",
-                      log: Callable[[str], None] = print) -> Gaussians:
-    """From the capture's points where there are some, else from points along the camera rays,
-    as many as the run can afford (training/init_size.py)."""
-    count, why = initial_count(scene, cfg.init_random_points, device_type, cfg.budget_seconds,
-                               getattr(cfg.density, "max_gaussians", None))
-    points, colors = initial_points(scene, count, generator, log, why, cfg.background_points)
-    gaussians = Gaussians.from_points(torch.from_numpy(points), torch.from_numpy(colors), cfg.sh_degree)
-    gaussians.antialiased = cfg.antialiased  # trained as it will be rendered
-    return gaussians
-
-
-def make_optimizers(gaussians: Gaussians, cfg: TrainConfig, extent: float) -> Dict[str, torch.optim.Optimizer]:
-    """One optimizer per parameter, as INRIA's groups, so density control can edit each one's
-    rows (the configured optimizer, with INRIA's rates)."""
-    rates = {"means": cfg.lr.means * extent, "scales": cfg.lr.scales, "quats": cfg.lr.quats,
-             "opacities": cfg.lr.opacities, "sh0": cfg.lr.sh0, "shN": cfg.lr.shN}
-    return cfg.optimizer.build({name: gaussians.params[name] for name in PARAM_NAMES}, rates)
-
-
 def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
     """INRIA's exponential decay of the position learning rate over the run."""
     t = min(max(progress, 0.0), 1.0)
     start, end = cfg.lr.means * extent, cfg.lr.means_final * extent
     return math.exp((1 - t) * math.log(start) + t * math.log(end))
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a clock read after it includes that work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --- the run ----------------------------------------------------------------------
@@ -171,7 +144,13 @@ class Trainer:
         self.elapsed = 0.0  # training seconds, excluding evaluation and checkpoint writes
         self.observer = StepObserver()
         self.clock = StepClock(self.device)
-        self.run_progress = RunProgress(cfg.steps, cfg.budget_seconds)
+        # Coarse to fine: the training sizes, their views made from the requested size's.
+        stages = run_stages(cfg, self.train_views)
+        self.run_progress = RunProgress(cfg.steps, cfg.budget_seconds, stages)
+        self.sizes, self.size_factor = TrainingSizes(cfg, self.train_views, self.run_progress), 1
+        self.use_size(stages[0].factor)
+        if cfg.coarse_to_fine.enabled:
+            self.log(self.sizes.first_line())
 
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or, with a time budget, of the steps the
@@ -206,7 +185,8 @@ class Trainer:
                 self.appearance.step(ok)
             self.density.accumulate(self.density_state, step.statistics, ok)
             density_stats = self.density.control(self.density_state, DensityStep(
-                self.step + 1, progress, self.gaussians, self.optimizers, scene_extent=self.extent, ok=ok))
+                self.step + 1, progress, self.gaussians, self.optimizers, scene_extent=self.extent, ok=ok,
+                pixel_share=self.size_factor ** -2))
             self.observer.density(density_stats)
             self.stats.update(step.loss, step.psnr, density_stats, ok)
 
@@ -264,7 +244,11 @@ class Trainer:
         first view (every tile, so the tile loss runs too), so that the CUDA context, kernel
         loading and libraries' lazy set-up are not paid inside the first timed step. Changes
         no parameter, optimizer state, statistic or random stream."""
-        camera, gt, _ = self.train_views.get(0)
+        self._render_backward(self.train_views)
+
+    def _render_backward(self, views: TrainingViews) -> None:
+        """One render, loss and backward of the first of `views`, every tile; no trace left."""
+        camera, gt, _ = views.get(0)
         out = render(self.gaussians, camera, background=self.background)
         if self.tile_loss is not None:
             tile_rows, tile_cols = tile_grid(camera.height, camera.width)
@@ -279,13 +263,40 @@ class Trainer:
 
     def run_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included (on CUDA by events,
-        with no wait per step: the host's estimate until the figures are read; training/clock.py)."""
+        with no wait per step: the host's estimate until the figures are read; training/clock.py).
+        A budget run with several sizes first measures a step's cost at its sizes, and plans them;
+        a size that has had its time or steps gives way to the next. Both count in the budget."""
+        if self.sizes.needs_plan:
+            self.elapsed += timed(lambda: self.use_size(self.sizes.plan_budget(self._time_step, self.step,
+                                                                               self.elapsed)), self.device)
+            self.log(self.sizes.summary())
+        if self.run_progress.stage_over(self.step, self.elapsed):
+            self.elapsed += timed(lambda: self.use_size(self.sizes.next_size(self.step, self.elapsed,
+                                                                             self.progress())), self.device)
         self.clock.start()
         self.train_step()
         self.step += 1
         seconds = self.clock.stop()
         self.elapsed += seconds
         return seconds
+
+    # --- coarse to fine --------------------------------------------------------------
+    def use_size(self, factor: int) -> None:
+        """Train on the images downscaled by `factor` from now on: their views, the error memory
+        carried over to their tiles, and the small sizes' render mode."""
+        if factor != self.size_factor:
+            self.size_factor, self.train_views = factor, self.sizes.views(factor)
+        sizes = [(c.height, c.width) for c in self.train_views.cameras]
+        if self.memory is not None and self.memory.image_sizes != sizes:
+            self.memory = self.sampler.memory = self.memory.resized(sizes)
+        small = factor > 1 and self.cfg.coarse_to_fine.antialiased_small
+        self.gaussians.antialiased = self.cfg.antialiased or small
+
+    def _time_step(self, factor: int) -> float:
+        """Seconds of one render, loss and backward at this size: the fastest of three (the first
+        pays for allocations, and a busy machine slows any one)."""
+        views = self.train_views if factor == self.size_factor else self.sizes.views(factor)
+        return min(timed(lambda: self._render_backward(views), self.device) for _ in range(3))
 
     def apply_schedules(self, progress: float) -> None:
         """Position learning-rate decay and SH growth, both as functions of progress."""
@@ -369,6 +380,8 @@ class Trainer:
                 loaded[key] = fresh.new_zeros((len(self.gaussians),) + tuple(fresh.shape[1:]))
         self.density_state = loaded
         self.views.load_state_dict(state["views"])
+        self.run_progress.load_state_dict(state.get("progress"))
+        self.use_size(self.run_progress.stage.factor)  # before the error memory: its tiles are this size's
         if self.memory is not None:
             self.memory.load_state_dict(state["error_memory"])
             self.sampler.load_state_dict(state["sampler"])
@@ -378,7 +391,6 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         load_appearance(self.appearance, state.get("appearance"))
         self.elapsed = state["elapsed"]
-        self.run_progress.load_state_dict(state.get("progress"))
         self.stats = RunningStats(**{"bad_streak": state.get("bad_streak", 0), **state["stats"]})
         self.step = state["step"]
 
@@ -392,7 +404,8 @@ class Trainer:
         shorten the run: it still decides the exit code). training/run.py then saves."""
         cfg, world = self.cfg, self.world
         last_checkpoint = last_refresh = time.perf_counter()
-        bar = self._progress_bar()
+        bar = TrainingBar(cfg.steps, cfg.budget_seconds, self.options.progress and world.is_main, self.step,
+                          self.elapsed)
         viewer = self.options.viewer
         stop = StopAgreement(world, signals or StopSignals(), viewer, every=RANKS_READ_EVERY)
         try:
@@ -411,16 +424,14 @@ class Trainer:
                     world.check_same(parameter_checksum(self.trainable_parameters()),
                                      f"the parameters at step {self.step}")
 
-                self._advance(bar)
+                bar.advance(self.elapsed)
                 if world.size > 1 and self.step % RANKS_READ_EVERY == 0:
                     self.read_device_figures()  # every rank, at the same steps
                 if world.is_main and (time.perf_counter() - last_refresh >= BAR_REFRESH_SECONDS
                                       or self.progress() >= 1.0):
                     self.read_device_figures()
-                    steps = {"step": self.step} if cfg.budget_seconds else {}
-                    bar.set_postfix(**steps, loss=f"{self.stats.loss:.4f}", psnr=f"{self.stats.psnr:.2f}",
-                                    gaussians=len(self.gaussians), **self.stats.density_figures(),
-                                    skipped=self.stats.skipped_steps, refresh=False)
+                    bar.show(self.step, self.stats.loss, self.stats.psnr, len(self.gaussians),
+                             self.stats.density_figures(), self.stats.skipped_steps, self.size_text())
                     last_refresh = time.perf_counter()
                 if viewer is not None:
                     viewer.update(self.step, cfg.steps, self.progress_stats(), self.gaussians.raw,
@@ -435,24 +446,10 @@ class Trainer:
             bar.close()
         return stop.check(self.step, final=True)
 
-    def _progress_bar(self) -> tqdm:
-        """Steps out of the run's steps; with a time budget, seconds out of the budget (the
-        time left is the budget's, and the steps made are a figure beside it)."""
-        shown = self.options.progress and self.world.is_main
-        if not self.cfg.budget_seconds:
-            return tqdm(total=self.cfg.steps, initial=self.step, disable=not shown, dynamic_ncols=True, unit="step",
-                        desc="train")
-        return tqdm(total=self.cfg.budget_seconds, initial=min(self.elapsed, self.cfg.budget_seconds),
-                    disable=not shown, dynamic_ncols=True, unit="s", desc="train",
-                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of budget "
-                               "[{remaining} left]{postfix}")
-
-    def _advance(self, bar: tqdm) -> None:
-        """Move the bar by the step just made: one step, or its seconds of the budget."""
-        if not self.cfg.budget_seconds:
-            bar.update(1)
-        else:
-            bar.update(min(self.elapsed, self.cfg.budget_seconds) - bar.n)
+    def size_text(self) -> Optional[str]:
+        """The training size, "270x480", while coarse to fine trains below the requested one."""
+        camera = self.train_views.cameras[0]
+        return None if self.size_factor == 1 else f"{camera.width}x{camera.height}"
 
     def _out_of_memory(self) -> TurboGSError:
         """Keep the work done so far, and say how to continue in less memory. The failed step
@@ -485,7 +482,7 @@ class Trainer:
         self.read_device_figures(final=True)
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                 "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
-                "antialiased": self.cfg.antialiased,
+                "antialiased": self.cfg.antialiased, "training_sizes": self.run_progress.trained(self.step, self.elapsed),
                 "peak_gaussians": max(self.stats.peak_gaussians, len(self.gaussians)),
                 "backend": kernels.backend_name(self.device),
                 # steps count optimizer steps: views trained = steps x world_size x batch_views

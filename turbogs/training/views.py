@@ -21,6 +21,7 @@ import dataclasses
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from turbogs.data.scene import Camera
@@ -64,6 +65,14 @@ def _row(stack: Tensor, view: Tensor) -> Tensor:
     return stack.index_select(0, view.reshape(1))[0]
 
 
+def resize_area(image: Tensor, height: int, width: int) -> Tensor:
+    """An [H, W] or [H, W, C] image at height x width, each pixel the mean over its footprint (the
+    loader's downscaling, OpenCV's INTER_AREA): torch's "area" mode, on any device."""
+    planes = image if image.dim() == 3 else image[..., None]
+    out = F.interpolate(planes.permute(2, 0, 1)[None], size=(height, width), mode="area")[0].permute(1, 2, 0)
+    return (out if image.dim() == 3 else out[..., 0]).contiguous()
+
+
 def photo_alphas(cameras: Sequence[Camera], device) -> Optional[List[Optional[Tensor]]]:
     """The views' photo alphas on `device` (None for an opaque view), or None when no view has one."""
     if all(c.alpha is None for c in cameras):
@@ -79,7 +88,7 @@ class TrainingViews:
     def __init__(self, cameras: Sequence[Camera], images: List[Tensor], masks: List[Optional[Tensor]],
                  device: torch.device, alphas: Optional[List[Optional[Tensor]]] = None,
                  background: Optional[Tensor] = None, seed: int = 0):
-        self.device = device
+        self.device, self.seed = device, seed
         self.background = background
         # Drawn once from the seed by a generator of their own (the run's other draws do not change).
         self.background_table = None if alphas is None else torch.rand(
@@ -125,6 +134,19 @@ class TrainingViews:
                     camera.mask = self.masks[i]
                 if alphas is not None and alphas[i] is not None and camera.alpha is alphas[i]:
                     camera.alpha = self.alphas[i]
+
+    def resized(self, sizes: Sequence[Tuple[int, int]]) -> "TrainingViews":
+        """These views with their images (masks, alphas) resampled to `sizes`, one (width, height) a
+        view, and their cameras to match: a training size of coarse to fine. The photos' alphas
+        and their composite onto the background resample alike (both are linear in the pixels),
+        so that a random background still composites as at full size."""
+        cameras = [camera.resized(w, h) for camera, (w, h) in zip(self.cameras, sizes)]
+        images = [resize_area(image, h, w) for image, (w, h) in zip(self.images, sizes)]
+        masks = [None if m is None else resize_area(m, h, w) for m, (w, h) in zip(self.masks, sizes)]
+        alphas = None if self.alphas is None else [None if a is None else resize_area(a, h, w)
+                                                   for a, (w, h) in zip(self.alphas, sizes)]
+        return TrainingViews(cameras, images, masks, self.device, alphas=alphas, background=self.background,
+                             seed=self.seed)
 
     def real_pixels_only(self, image: Tensor, view: View) -> Tensor:
         """A rendered image with its padding (if any) zeroed, no gradient passing there: for

@@ -111,6 +111,18 @@ class ErrorMemory:
         config = config if config is not None else SamplerConfig()
         return cls([(c.height, c.width) for c in cameras], config.tile_size, config.ema_decay, device)
 
+    def resized(self, image_sizes: Sequence[Tuple[int, int]]) -> "ErrorMemory":
+        """A memory for the same views at other (height, width) sizes (coarse to fine's next
+        training size): each new tile starts from the error of the old tile under its centre,
+        so that the sampler goes on where the image was wrong instead of starting over."""
+        resized = ErrorMemory(image_sizes, self.tile_size, self.ema_decay, self.device)
+        for view, ((rows, cols), (new_rows, new_cols)) in enumerate(zip(self.grids, resized.grids)):
+            ys = ((torch.arange(new_rows, device=self.device) + 0.5) * rows / new_rows).long().clamp_max(rows - 1)
+            xs = ((torch.arange(new_cols, device=self.device) + 0.5) * cols / new_cols).long().clamp_max(cols - 1)
+            old = self.errors[view, : rows * cols].reshape(rows, cols)
+            resized.errors[view, : new_rows * new_cols] = old.index_select(0, ys).index_select(1, xs).reshape(-1)
+        return resized
+
     @property
     def device(self) -> torch.device:
         return self.errors.device
