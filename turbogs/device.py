@@ -61,7 +61,7 @@ def cpu_threads(requested: Optional[int] = None) -> int:
     rank's share of the cores, torchrun to 1), else every core this process may run on.
 
     Why all cores: the native CPU kernels run the tiles in parallel, with results that do not
-    depend on the thread count (benchmarks/results/2026-12-05_cpu_native_step.md). Only the
+    depend on the thread count. Only the
     torch twins' many small ops ran fastest on one thread, the old default. On a machine whose
     cores other processes keep busy, more threads than free cores wait on each other at every
     parallel op: there, ask for fewer (OMP_NUM_THREADS=1 or --threads 1)."""

@@ -72,8 +72,7 @@ constexpr int kParams = 6;  // mean x, mean y, conic a, b, c, -sigma (for the op
 
 // The kernels, for the baseline instruction set and, where the compiler can target them, AVX2
 // and AVX-512 (chosen at run time: `kernel_copy`). The same source and -ffp-contract=off: every
-// copy rounds alike (tests/test_raster_cpu.py). The AVX-512 copy is 1.12x the AVX2 one on a
-// 2-core AMD EPYC (benchmarks/results/2026-12-06_cpu_native_projection_loss.md).
+// copy rounds alike (tests/test_raster_cpu.py). The AVX-512 copy's 16 lanes hold a whole tile row.
 namespace base {
 #include "rasterize_cpu_tile.h"
 #include "rasterize_cpu_kernels.h"

@@ -7,8 +7,8 @@
 //   channel (3); coefficients past those get a zero gradient.
 //
 // Why native: the twin is some 60 small torch ops a step over every Gaussian, forward and
-// backward, which at 100k Gaussians cost more than the compositing of a quarter of the tiles
-// (2026-12-06_cpu_kernels_ab.md). Here each Gaussian is one loop iteration, and the basis
+// backward, which at 100k Gaussians cost more than the compositing of a quarter of the tiles.
+// Here each Gaussian is one loop iteration, and the basis
 // gradients are the twin's polynomials differentiated (by sympy, then written out by hand).
 // Each Gaussian is computed alone: the bits do not depend on the thread count.
 

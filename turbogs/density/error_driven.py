@@ -173,8 +173,8 @@ class ErrorDensityConfig(DensityConfig):
     budget_full_at: float = 0.6  # the budget rises linearly from densify_from to here
     grow_ratio: float = 1.0  # grow only Gaussians whose blame per exposure >= this x the mean
     # At most this share of the Gaussians grows per densification. Growing more closes most of the
-    # gap to 3dgs at equal steps but costs 0.6-1.6 dB in a 100 s CPU run on five captures of six
-    # (more Gaussians, fewer steps; benchmarks/results/2026-12-05_cpu_capture_kinds_3.md).
+    # gap to 3dgs at equal steps but loses in a 100 s CPU run on most captures (more Gaussians,
+    # fewer steps).
     grow_fraction: float = 0.1
     percent_dense: float = 0.01  # clone if max scale <= this x scene extent, else split
     split_into: int = 2  # children per split Gaussian
@@ -185,15 +185,14 @@ class ErrorDensityConfig(DensityConfig):
     # ... from this progress on. Before the sampler's dense phase has made the surfaces opaque, a
     # random start is layers of Gaussians at 0.1 opacity along every ray, and most of them have
     # little weight only because those in front have not faded yet: pruning them then threw away
-    # the start (the fox: 54k of 86k at the first densification, 18.43 dB at 500 steps against
-    # 21.22 waiting; benchmarks/results/2026-12-05_cpu_hidden_from.md).
+    # the start (on the fox, most of it at the first densification).
     hidden_from: float = 0.2
     # opacity <- opacity x this after each densification (1 = off) from opacity_decay_from on: a
     # Gaussian the loss does not hold opaque (a point in empty space, a floater matching the
     # background) fades below prune_opacity in a few densifications. Every Gaussian starts at 0.1,
     # so the decay waits for the sampler's dense phase (the first fifth of the run) to have made the
-    # surfaces opaque. Chosen on demo and synthetic (benchmarks/results/2026-12-05_cpu_capture_kinds.md):
-    # synthetic 15.35 -> 20.23 dB, demo 26.23 -> 25.87 (1000 / 1500 steps, seed 0); from 0: demo 23.8.
+    # surfaces opaque (decaying from the start cost the demo much of its surfaces). Chosen on the demo
+    # and the object on white, whose floaters it removes.
     opacity_decay: float = 0.6
     opacity_decay_from: float = 0.2
 

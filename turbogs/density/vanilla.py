@@ -20,7 +20,7 @@ A run with a time budget does not know its step count beforehand, so there the w
 the resets follow the run's progress instead (`by_progress`): the schedule's position is
 progress x `schedule_steps`, and a reset comes when the position passes a multiple of
 `opacity_reset_every`. Counted in raw steps, INRIA's 30k-step schedule put the first reset
-at step 3000 of a 3.5k-step run and never closed the window (issue 32's collapse to 11 dB).
+at step 3000 of a 3.5k-step run and never closed the window (the run collapsed).
 The cadence (`densify_every`) stays in steps: each densification needs that many views.
 """
 
@@ -57,8 +57,7 @@ class VanillaDensityConfig(DensityConfig):
     percent_dense: float = 0.01  # clone if max scale <= this * extent, else split
     # Prune if the largest 2D radius (pixels) since the last densification exceeds this; None = off.
     # The paper says 20, but INRIA's code zeroes the radii before the test, so it never fires (its
-    # issue #123), and gsplat leaves it off: the 3dgs baseline runs as INRIA's code does
-    # (benchmarks/results/2026-12-05_cpu_vanilla_screen_prune.md).
+    # tracker's #123), and gsplat leaves it off: the 3dgs baseline runs as INRIA's code does.
     max_screen_size: Optional[float] = None
     big_world_scale: float = 0.1  # prune if max scale > this * extent (after the first reset)
     split_into: int = 2  # children per split Gaussian

@@ -3,7 +3,7 @@
 `raster_torch.rasterize`.
 
 Why: the twin composites with dense [blocks, pixels, Gaussians] tensors, a few dozen torch
-ops a chunk, which is most of a CPU training step (benchmarks/results/2026-12-05_cpu_profile.md).
+ops a chunk, which was most of a CPU training step under torch.profiler.
 The native kernel walks each pixel's Gaussians once, stops where the pixel is opaque, and
 runs the tiles in parallel on torch's threads, with results that do not depend on how many.
 

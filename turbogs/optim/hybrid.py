@@ -62,10 +62,9 @@ has the same magnitude, so Adam's v_hat is itself a Gauss-Newton diagonal with u
 residuals (an empirical Fisher), and Adam's step ~ m / sqrt(h). The calibrated hybrid steps
 ~ m / h between its bounds: it moves the preconditioner's exponent from 1/2 to 1. For a
 Gaussian's mean, h grows like 1/size^2, so Adam moves a tiny and a large Gaussian by the same
-distance, and the hybrid moves each in proportion to its size. Measured on test_colmap
-(benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md), this pays for the means (+0.9 dB at
-100 s, five seeds) and costs for opacities, scales and colours, so the trainer curves only the
-means (`HybridConfig.curvature_on`). With calibration, noise in h_hat reorders coordinates:
+distance, and the hybrid moves each in proportion to its size. Measured on a real capture (the
+figures are in docs/RESULTS.md), this pays for the means and costs for opacities, scales and
+colours, so the trainer curves only the means (`HybridConfig.curvature_on`). With calibration, noise in h_hat reorders coordinates:
 one whose curvature is overestimated steps shorter, one whose curvature is underestimated
 steps longer, but never more than L times Adam's step.
 
@@ -88,9 +87,9 @@ estimates each row has had, for bias correction). So:
   steps, as in Adam and SelectiveAdam, by default. With `row_bias_correction` it counts
   each row's own steps instead: a visible row then follows exactly the path it would take
   under an optimizer that only ever saw it, and a Gaussian seen first at step 1000 takes
-  an `lr`-sized first step, not one ~2.5x larger. That sounds cleaner but cost 0.5 dB
-  on the demo scene (2.2 dB with selective updates), where the larger first steps of new
-  Gaussians help, so it is off.
+  an `lr`-sized first step, not one ~2.5x larger. That sounds cleaner but lost on the demo
+  scene (more with selective updates), where the larger first steps of new Gaussians help,
+  so it is off.
 - A zero row is a fresh row. turbogs.density.rows gives new Gaussians zeros in every
   per-row state tensor, and `set_values` (opacity reset) zeros them: no moments, no
   curvature (and, with `row_bias_correction`, bias correction from step one).
@@ -148,9 +147,8 @@ class HybridConfig(OptimizerConfig):
     eps: float = 1e-15  # INRIA's; gradients of faint Gaussians are tiny
     hessian_beta: float = 0.95  # EMA of curvature estimates: ~20 estimates = 200 steps at hessian_every 10
     hessian_every: int = 10  # steps between curvature estimates (Sophia's k)
-    # Which parameters take curvature-informed steps; the others take Adam's. On test_colmap the
-    # means gain and every other group loses (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md):
-    # a mean's curvature scales with 1/size^2, so the Newton step moves a Gaussian in proportion
+    # Which parameters take curvature-informed steps; the others take Adam's. Measured, the means
+    # gain and every other group loses: a mean's curvature scales with 1/size^2, so the Newton step moves a Gaussian in proportion
     # to its size where Adam moves every mean by the same length.
     curvature_on: Tuple[str, ...] = ("means",)
     # The curvature's absolute scale is unknown (the surrogate below is a guess), so by default
@@ -160,13 +158,13 @@ class HybridConfig(OptimizerConfig):
     max_lengthening: float = 2.0  # a Newton step may be at most this many times Adam's
     newton_fraction: float = 1 / 3  # uncalibrated only: kappa = lr / newton_fraction
     clip: Optional[float] = None  # hard bound |step| <= clip * lr
-    # Update only the Gaussians visible in the step (SelectiveAdam). Off: on CPU it cost ~1.1 dB
-    # at 300 demo steps (invisible Gaussians gliding on their momentum helps there); on a GPU
-    # it saves the moment updates of invisible rows, a trade still to be measured.
+    # Update only the Gaussians visible in the step (SelectiveAdam). Off: on the CPU it lost on
+    # the demo (invisible Gaussians gliding on their momentum helps there); on a GPU it saves
+    # the moment updates of invisible rows, a trade still to be measured.
     selective: bool = False
     # Bias-correct each row by its own step count (True) or, as Adam and gsplat's SelectiveAdam,
     # by the optimizer's (False). Per-row gives a new Gaussian an lr-sized first step instead of
-    # Adam's ~2.5 lr; on the demo scene that cost 0.5-2.2 dB (benchmarks/results/2026-12-02_cpu_optimizer_ablation.md).
+    # Adam's ~2.5 lr; on the demo scene that lost (the larger first steps of new Gaussians help).
     row_bias_correction: bool = False
     # Curvature per unit of per-pixel loss weight. The L1 loss has no curvature, so a
     # Huber-like surrogate is used: curvature 1/delta, with delta ~ a typical residual.
@@ -214,7 +212,7 @@ class HybridConfig(OptimizerConfig):
         for name, optimizer in optimizers.items():
             if curvature is not None and name in curvature:
                 # Rendered rows only, even without selective steps: an unseen Gaussian's
-                # zero estimate would dilute its curvature (measured: -1.3 dB on test_colmap).
+                # zero estimate would dilute its curvature (measured: it lost on a real capture).
                 optimizer.update_hessian(curvature[name], visible=visible, ok=ok)
             clear_grads(optimizer)
 

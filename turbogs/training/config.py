@@ -157,28 +157,22 @@ def preset_turbo() -> TrainConfig:
         budget_seconds=100.0,
         error_guided=True,
         density=ErrorDensityConfig(),
-        # Adam at INRIA's rates. The hybrid optimizer (`--optimizer hybrid`) was the default, chosen
-        # on test_colmap alone, where it still leads at 100 s. On the seven other captures Adam beat it
-        # at 100 s in 12 side-by-side pairs of 12, and with the means' rate doubled in 11 of 14; per
-        # step on four captures of six at 2000 steps. The doubled rate gained per step (3 captures
-        # of 4) but not at 100 s (5 of 8, +0.08 dB on average), so INRIA's rates stay
-        # (benchmarks/results/2026-12-06_cpu_turbo_optimizer_default.md).
+        # Adam at INRIA's rates: measured side by side at 100 s, it beat the hybrid optimizer
+        # (`--optimizer hybrid`) on most kinds of capture, and a doubled means' rate gained per step
+        # but not in the budget (docs/RESULTS.md).
         optimizer=AdamConfig(),
         # INRIA's proportion (a degree every 1000 of 30k steps) in every run, step-based ones too:
-        # a step-based run otherwise raises the degree every steps/7 (scaled_to), and late SH cost
-        # the hybrid 2.3 dB on the demo at 1500 steps (benchmarks/results/2026-12-03_cpu_hybrid_calibrated.md).
+        # a step-based run otherwise raises the degree every steps/7 (scaled_to), and SH raised that
+        # late lost on the demo.
         sh_increase_fraction=1 / 30,
-        # Steps of several views: Grendel-GS's rule. Against the rates alone, at 2 ranks and equal
-        # views (3 seeds): +1.6 dB on the demo, +0.7 on forward_points, level on test_colmap and
-        # exposure (benchmarks/results/2026-12-04_cpu_batch_rule_grendel.md). 3dgs keeps "sqrt".
+        # Steps of several views: Grendel-GS's rule, which beat the rates alone at 2 ranks and equal
+        # views where there was a difference (docs/RESULTS.md). 3dgs keeps "sqrt".
         batch_lr_rule="grendel",
-        # Photos with alpha train over random colours: the object on white without points, 2000 steps
-        # 23.75 -> 26.10 dB (3dgs 26.82), 100 s +2.75 dB (3 seeds); opaque photos are untouched, bit for
-        # bit (benchmarks/results/2026-12-06_cpu_random_background.md).
+        # Photos with alpha train over random colours, so that empty space is learned as empty (the
+        # object on white gained most); opaque photos are untouched, bit for bit.
         random_background=True,
-        # A fifth more points beyond the subject, for captures with points: at 2000 steps the demo +1.5 dB
-        # (its sky no longer a shell of blobs by the cameras), test_colmap +1.6, forward_points +0.5, masks
-        # +0.4, exposure level (3 seeds; benchmarks/results/2026-12-06_cpu_background_points.md).
+        # A fifth more points beyond the subject, for captures with points: the sky and far background
+        # start where they are instead of growing from the subject as a shell of blobs by the cameras.
         background_points=0.2,
         # Small images first, growing to the requested size: at the size users train a full-size step
         # costs a hundred small ones, and a budget spent at full size makes too few steps.

@@ -42,8 +42,7 @@ class SamplerConfig:
     fraction_start: float = 1.0  # share of a view's tiles rendered per step, early on ...
     fraction_end: float = 0.25  # ... and late in the run
     # Dense for the first fifth, sparse for the last two fifths: the early dense steps build the
-    # geometry the error memory needs (0.1/0.5 scored 0.5-1.3 dB lower on demo and test_colmap;
-    # benchmarks/results/2026-12-03_cpu_sparsity_schedule.md).
+    # geometry the error memory needs (going sparse sooner scored lower on the demo and a real capture).
     dense_until: float = 0.2  # progress until which fraction_start holds
     sparse_from: float = 0.6  # progress from which fraction_end holds (linear in between)
 
