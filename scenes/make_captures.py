@@ -2,7 +2,7 @@
 
 The images come from `make_demo.py`'s analytic numpy ray caster (never from our
 rasterizer), so a trainer that scores well on them has learned the scene, not its own
-renderer. Eight captures, each a few hundred kB:
+renderer. The captures, each a few hundred kB to a few MB:
 
 - `forward`: instant-ngp `transforms.json`, 24 cameras on an arc on ONE side of the
   demo objects (azimuth -50..50 degrees, their aim jittered so the optical axes do not
@@ -39,6 +39,9 @@ renderer. Eight captures, each a few hundred kB:
   `fisheye_photos_poses.json` holds the true poses and the camera's parameters.
 - `mixed_photos`: the `photos` ring, every other view at 160x120 (the same field of view), under
   scrambled names: one camera per photo, where COLMAP's first mapping pass leaves photos out.
+- `phone`: the speckled objects in 24 photos the shape of a phone's (a 9:16 portrait, 288x512: large
+  enough that training starts at a smaller size), on the `photos` ring, as a COLMAP text model
+  with SfM-like points.
 
 Run `python scenes/make_captures.py --out DIR [NAME ...]`; deterministic (fixed seeds).
 """
@@ -86,8 +89,10 @@ PHOTO_WIDTH, PHOTO_HEIGHT, PHOTO_FOCAL = 192, 144, 172.0
 PHOTO_VIEWS = 16
 # An action camera's moderate fisheye on the photos' 192x144 (fx fy cx cy k1 k2 k3 k4): 137 degrees diagonal.
 FISHEYE_PHOTO_PARAMS = (100.0, 100.0, 96.0, 72.0, 0.03, -0.01, 0.004, -0.001)
+PHONE_WIDTH, PHONE_HEIGHT, PHONE_FOCAL = 288, 512, 320.0  # 48 x 77 degrees, a phone held upright
+PHONE_VIEWS = 24
 CAPTURES = ("forward", "forward_points", "exposure", "masks", "synthetic", "fisheye", "fisheye_json", "photos",
-            "fisheye_photos", "mixed_photos")
+            "fisheye_photos", "mixed_photos", "phone")
 TEST_EVERY = 8  # the loader's --eval split: every 8th image in name order is a test view
 PASSER_BY_RADIUS = 0.3
 
@@ -334,14 +339,21 @@ def make_fisheye(out_dir: str, as_json: bool, model: str = "OPENCV_FISHEYE", par
         with open(os.path.join(out_dir, "transforms.json"), "w") as f:
             json.dump(data, f, indent=1)
         return
-    sparse = os.path.join(out_dir, "sparse", "0")
-    os.makedirs(sparse, exist_ok=True)
     stored = FISHEYE_MODEL_PARAMS[model]
     if any(params[i] != (params[0] if i == 1 else 0.0) for i in set(range(8)) - set(stored)):
         raise ValueError(f"{model} cannot hold the parameters {params}")
-    text = " ".join(repr(float(params[i])) for i in stored)
+    camera = f"{model} {FISHEYE_WIDTH} {FISHEYE_HEIGHT} " + " ".join(repr(float(params[i])) for i in stored)
+    write_colmap_text(out_dir, camera, names, poses, points, colors)
+
+
+def write_colmap_text(out_dir: str, camera: str, names: List[str], poses: List[np.ndarray], points: np.ndarray,
+                      colors: np.ndarray) -> None:
+    """A COLMAP text model in out_dir/sparse/0: one camera (`camera`: "MODEL WIDTH HEIGHT PARAMS..."),
+    the images `names` (images/...) at their world-to-camera `poses`, and the points."""
+    sparse = os.path.join(out_dir, "sparse", "0")
+    os.makedirs(sparse, exist_ok=True)
     with open(os.path.join(sparse, "cameras.txt"), "w", newline="\n") as f:
-        f.write(f"1 {model} {FISHEYE_WIDTH} {FISHEYE_HEIGHT} {text}\n")
+        f.write(f"1 {camera}\n")
     with open(os.path.join(sparse, "images.txt"), "w", newline="\n") as f:
         for index, (name, w2c) in enumerate(zip(names, poses)):
             values = " ".join(repr(float(x)) for x in (*demo.rotation_to_quaternion(w2c[:3, :3]), *w2c[:3, 3]))
@@ -414,6 +426,21 @@ def make_photos(out_dir: str, fisheye: bool = False) -> None:
         json.dump({**camera, "world_to_cam": truth}, f)
 
 
+def make_phone(out_dir: str) -> None:
+    """The `phone` capture: photos the size and shape of a phone's, scaled down to stay quick (a
+    9:16 portrait at 288x512), of the speckled objects (detail at every scale, so that a smaller
+    size loses some), 24 views on the `photos` ring, as a COLMAP text model with SfM-like points."""
+    primitives = speckled_primitives()
+    poses = orbit_frames(PHONE_VIEWS)
+    K = intrinsics(PHONE_WIDTH, PHONE_HEIGHT, PHONE_FOCAL)
+    names = [f"images/IMG_{k:04d}.png" for k in range(len(poses))]
+    for name, w2c in zip(names, poses):
+        write_png(os.path.join(out_dir, name), render(primitives, w2c, K, PHONE_WIDTH, PHONE_HEIGHT, supersample=1)[0])
+    points, colors = surface_points(primitives, poses, K, PHONE_WIDTH, PHONE_HEIGHT, np.random.default_rng(21))
+    camera = f"PINHOLE {PHONE_WIDTH} {PHONE_HEIGHT} {PHONE_FOCAL} {PHONE_FOCAL} {PHONE_WIDTH / 2} {PHONE_HEIGHT / 2}"
+    write_colmap_text(out_dir, camera, names, poses, points, colors)
+
+
 def make_mixed_photos(out_dir: str, views: int = PHOTO_VIEWS, small=(160, 120)) -> None:
     """`views` photos on the `photos` ring; with `small`, every other one at that size (its focal
     length scaled with the width); names scrambled (view k is view_{7k mod views})."""
@@ -434,6 +461,8 @@ def make_capture(name: str, out_dir: str) -> str:
         make_synthetic(folder)
     elif name == "mixed_photos":
         make_mixed_photos(folder)
+    elif name == "phone":
+        make_phone(folder)
     elif name in ("photos", "fisheye_photos"):
         make_photos(folder, fisheye=name == "fisheye_photos")
     elif name in ("fisheye", "fisheye_json"):

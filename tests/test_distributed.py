@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import REPO
 from plyfile import PlyData
 from test_cli import DEMO
 
@@ -62,6 +63,25 @@ def test_two_ranks_equal_one_process_of_two_views(preset, steps, tmp_path):
     assert (results[1]["world_size"], results[1]["batch_views"]) == (1, 2)
     assert results[0]["steps"] == results[1]["steps"] == steps  # optimizer steps; views = steps x 2
     assert results[0]["num_gaussians"] != 3000 or preset == "turbo"  # 3dgs densified in this run
+
+
+@pytest.mark.slow
+def test_two_ranks_plan_the_same_sizes_in_a_budget_run(tmp_path):
+    """Coarse to fine times a step on each rank, and every rank must switch sizes at the same step
+    (the ranks sum the same Gaussians' gradients): the timings are rank 0's. A 288x512 capture
+    (scenes/make_captures.py's `phone`) starts small; the ranks compare a checksum of the parameters
+    every 100 steps and stop on a difference, so a run that ends ends agreed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_captures_ranks", REPO / "scenes" / "make_captures.py")
+    captures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(captures)
+    scene = captures.make_capture("phone", str(tmp_path))
+    result = turbogs("train", scene, "--nproc", 2, "--budget-seconds", 20, "--quiet", "--out", tmp_path / "ranks")
+    assert result.returncode == 0, result.stderr
+    sizes = json.loads((tmp_path / "ranks" / "results.json").read_text())["training_sizes"]
+    assert len(sizes) > 1 and sizes[0]["factor"] > 1 and sizes[-1]["factor"] == 1, sizes
+    assert sum(size["steps"] for size in sizes) >= 100  # past a checksum comparison
 
 
 def rank_pid(launcher_pid: int, rank: int) -> int:

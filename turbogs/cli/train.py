@@ -56,8 +56,9 @@ def _capture_flags(p: argparse.ArgumentParser) -> None:
 def _run_length_flags(p: argparse.ArgumentParser) -> None:
     """The recipe and how long it runs."""
     p.add_argument("--preset", default="turbo", choices=["turbo", "3dgs"],
-                   help="training recipe: turbo (all four TurboGS parts, 100 s budget) or 3dgs (vanilla INRIA "
-                        "baseline, 30000 steps) (default: turbo)")
+                   help="training recipe: turbo (error-guided sparse tiles, the tile NCC loss, error-driven density, "
+                        "coarse to fine, Adam; a 100 s budget) or 3dgs (vanilla INRIA baseline, 30000 steps) "
+                        "(default: turbo)")
     p.add_argument("--steps", type=positive_int,
                    help="number of optimisation steps (default: the preset's); alone, it replaces the time budget")
     p.add_argument("--budget-seconds", type=positive_float, metavar="S",

@@ -294,9 +294,11 @@ class Trainer:
 
     def _time_step(self, factor: int) -> float:
         """Seconds of one render, loss and backward at this size: the fastest of three (the first
-        pays for allocations, and a busy machine slows any one)."""
+        pays for allocations, and a busy machine slows any one); rank 0's, so that every rank
+        plans the same sizes."""
         views = self.train_views if factor == self.size_factor else self.sizes.views(factor)
-        return min(timed(lambda: self._render_backward(views), self.device) for _ in range(3))
+        return self.world.broadcast_float(min(timed(lambda: self._render_backward(views), self.device)
+                                              for _ in range(3)))
 
     def apply_schedules(self, progress: float) -> None:
         """Position learning-rate decay and SH growth, both as functions of progress."""
