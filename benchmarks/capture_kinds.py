@@ -1,15 +1,16 @@
 """Turbo against 3dgs on every kind of capture users bring, as users run them.
 
     python benchmarks/capture_kinds.py --captures /tmp/captures --steps 1000 --seeds 0,1 \
-        --extra fox=PATH/fox:r8 --out benchmarks/results/DATE_cpu_capture_kinds.md
+        --extra fox=PATH/fox:r=8 --out benchmarks/results/DATE_cpu_capture_kinds.md
 
 For each capture it runs `turbogs train --eval` (each a process of its own, one thread):
 turbo and 3dgs for --steps steps (equal steps), and turbo as its default preset runs, the
 100-second budget (--budget 0 skips it). It prints and writes a markdown table per run and the
 mean over seeds: test PSNR, SSIM, the starting Gaussian count (from the run's log) and the final
 one, and the steps made. The captures are those `scenes/make_captures.py` writes (made into
---captures when missing) and the demo (COLMAP with points); --extra NAME=PATH[:rN][:w] adds
-others, e.g. a real capture (`:w` = white background, `:rN` = downscale N).
+--captures when missing) and the demo (COLMAP with points); --extra NAME=PATH[:r=R][:w] adds
+others, e.g. a real capture (`:w` = white background, `:r=R` = as train -r R; the scene form of
+every benchmark, turbogs/bench/scenes.py, without settings: these runs are `turbogs train`'s).
 
 Run it with another checkout on PYTHONPATH (and TURBOGS_PYTHON=that venv's python) to get the
 "before" column of a change.
@@ -27,6 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List
+
+from turbogs.bench.scenes import scene_arg, without_settings
+from turbogs.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = {  # name: (capture folder under --captures or a path, extra train flags)
@@ -59,16 +63,17 @@ def main() -> int:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--only", help="comma-separated capture names (default: all)")
     parser.add_argument("--turbo-only", action="store_true", help="skip the 3dgs runs (e.g. for a 'before' column)")
-    parser.add_argument("--extra", action="append", default=[], help="NAME=PATH[:rN][:w], another capture")
+    parser.add_argument("--extra", action="append", default=[], type=scene_arg,
+                        help="NAME=PATH[:r=R][:w], another capture (repeatable)")
     parser.add_argument("--out", help="markdown file to write the tables to")
     args = parser.parse_args()
 
     kinds: Dict[str, tuple] = dict(KINDS)
     for extra in args.extra:
-        name, _, spec = extra.partition("=")
-        path, *options = spec.split(":")
-        flags = sum((["-r", o[1:]] if o.startswith("r") else ["-w"] if o == "w" else [] for o in options), [])
-        kinds[name] = (path, flags)
+        try:
+            kinds[extra.label] = (str(without_settings(extra, "capture_kinds.py").path), extra.train_flags())
+        except InputError as error:
+            parser.error(str(error))
     if args.only:
         kinds = {k: v for k, v in kinds.items() if any(k.startswith(o) for o in args.only.split(","))}
     captures = Path(args.captures)

@@ -30,11 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_native_step import KINDS  # noqa: E402
-from profile_cpu_step import load_pointless, make_trainer  # noqa: E402
 
 from turbogs import kernels  # noqa: E402
+from turbogs.bench.step_trainer import trainer_at, without_points  # noqa: E402
+from turbogs.data.load import load_scene  # noqa: E402
 from turbogs.kernels import raster_cpu  # noqa: E402
 from turbogs.kernels.turbo_cuda import build_module  # noqa: E402
+from turbogs.training.config import get_preset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +62,7 @@ def captured_inputs(scene, kind: str, count: int, warmup: int, tmp: Path):
 
     raster_cpu.rasterize = recording
     try:
-        trainer = make_trainer(scene, preset, count, progress, tmp)
+        trainer = trainer_at(scene, get_preset(preset), count, progress, tmp)
         for _ in range(warmup):
             trainer.run_step()
     finally:
@@ -95,7 +97,7 @@ def main() -> None:
     kernels.use_torch_twins(False)
     if kernels.backend_name(torch.device("cpu")) != "cpu-native":
         raise SystemExit("the native CPU kernels could not be built here: nothing to compare")
-    scene = load_pointless(args.scene, args.resolution)
+    scene = without_points(load_scene(args.scene, resolution=args.resolution, eval_split=True, log=lambda *_: None))
     with TemporaryDirectory() as tmp:
         label = re.sub(r"\W", "_", args.base)  # a module and folder name, whatever the revision's spelling
         builds = {

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_cpu_step import load_pointless, make_trainer  # noqa: E402
-
-from turbogs import kernels  # noqa: E402
+from turbogs import kernels
+from turbogs.bench.step_trainer import trainer_at, without_points
+from turbogs.data.load import load_scene
+from turbogs.training.config import get_preset
 
 KINDS = {"turbo full": ("turbo", 0.1), "turbo 25%": ("turbo", 0.7), "3dgs full": ("3dgs", 0.1)}
 
@@ -45,7 +44,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
-    scene = load_pointless(args.scene, args.resolution)
+    scene = without_points(load_scene(args.scene, resolution=args.resolution, eval_split=True, log=lambda *_: None))
     camera = scene.train[0]
     kernels.use_torch_twins(False)
     if kernels.backend_name(torch.device("cpu")) != "cpu-native":
@@ -62,7 +61,8 @@ def main() -> None:
                 for backend, threads in configs:
                     torch.set_num_threads(threads)
                     kernels.use_torch_twins(backend == "twins")
-                    trainer = make_trainer(scene, preset, count, progress, Path(tmp) / f"{kind}-{backend}-{threads}")
+                    trainer = trainer_at(scene, get_preset(preset), count, progress,
+                                         Path(tmp) / f"{kind}-{backend}-{threads}")
                     for _ in range(args.warmup):
                         trainer.run_step()
                     trainers[backend, threads] = trainer

@@ -1,6 +1,6 @@
 """Views per second and test PSNR at 1 rank against 2 ranks, side by side, at equal views.
 
-    python benchmarks/scaling_cpu.py --scene scenes/demo --scene PATH/test_colmap:8 \
+    python benchmarks/scaling_cpu.py --scene scenes/demo --scene PATH/test_colmap:r=8 \
         --views 800 --presets turbo,3dgs --repeats 3 --out benchmarks/results/DATE_cpu_scaling.md
 
 For each capture and preset it runs, back to back, `turbogs train --eval` on one process for
@@ -11,7 +11,8 @@ of a shared machine falls on both sides; the summary takes each side's median. W
 0,1,2 each seed trains its own series (a test PSNR differs between seeds by more than between
 rules, so a rule is judged on the mean over seeds). It prints and writes markdown tables: every
 run's views/s, ratio to one rank, test PSNR and Gaussian count, then the medians (views/s) and
-means (PSNR). A capture is PATH or PATH:R (R = the -r downscale).
+means (PSNR). A capture is `[NAME=]PATH[:r=R][:w]` (turbogs/bench/scenes.py: the scene form of
+every benchmark, here without settings, since these runs are `turbogs train`'s).
 
 With --ceiling each series also runs two independent 1-rank trainings of V views at once
 (`2x1 indep.` rows): their summed views/s over the lone run's is what this machine gives two
@@ -33,22 +34,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List
 
+from turbogs.bench.scenes import SceneSpec, scene_arg, without_settings
+from turbogs.errors import InputError
 
-def train(scene: str, preset: str, views: int, nproc: int, lr_rule: str, out: Path, seed: int = 0) -> dict:
-    path, _, resolution = scene.partition(":")
-    command = [sys.executable, "-m", "turbogs", "train", path, "--preset", preset, "--eval", "--quiet",
-               "--steps", str(views // nproc), "--out", str(out), "--seed", str(seed)]
+
+def train(scene: SceneSpec, preset: str, views: int, nproc: int, lr_rule: str, out: Path, seed: int = 0) -> dict:
+    command = [sys.executable, "-m", "turbogs", "train", str(scene.path), *scene.train_flags(), "--preset", preset,
+               "--eval", "--quiet", "--steps", str(views // nproc), "--out", str(out), "--seed", str(seed)]
     if lr_rule != "preset":
         command += ["--batch-lr", lr_rule]
-    if resolution:
-        command += ["-r", resolution]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
     return json.loads((out / "results.json").read_text())
 
 
-def train_two_at_once(scene: str, preset: str, views: int, outs: List[Path], seed: int) -> List[dict]:
+def train_two_at_once(scene: SceneSpec, preset: str, views: int, outs: List[Path], seed: int) -> List[dict]:
     """Two independent 1-rank trainings of `views` views, started together."""
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(lambda out: train(scene, preset, views, 1, "preset", out, seed), outs))
@@ -56,7 +57,8 @@ def train_two_at_once(scene: str, preset: str, views: int, outs: List[Path], see
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scene", action="append", required=True, help="capture, PATH or PATH:R (repeatable)")
+    parser.add_argument("--scene", action="append", required=True, type=scene_arg,
+                        help="capture, [NAME=]PATH[:r=R][:w] (repeatable)")
     parser.add_argument("--views", type=int, default=800, help="views trained per run (default 800)")
     parser.add_argument("--presets", default="turbo,3dgs")
     parser.add_argument("--lr-rules", default="preset",
@@ -68,6 +70,10 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
+    try:
+        scenes = [without_settings(scene, "scaling_cpu.py") for scene in args.scene]
+    except InputError as error:
+        parser.error(str(error))
 
     rows = ["| capture | preset | seed | ranks | lr rule | steps | views/s | x 1 rank | test PSNR (dB) | Gaussians |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -75,7 +81,7 @@ def main() -> int:
                "| 2 independent x 1 | PSNR 1 rank (mean) | PSNR 2 ranks (mean) | series |",
                "|---|---|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as scratch:
-        for number, scene in enumerate(args.scene):
+        for number, scene in enumerate(scenes):
             for preset in args.presets.split(","):
                 runs = [(1, "preset")] + [(2, rule) for rule in args.lr_rules.split(",")]
                 speeds = {run: [] for run in runs}

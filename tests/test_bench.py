@@ -1,4 +1,4 @@
-"""`turbogs bench`: the side-by-side run, its files, the speedup maths and the step cost.
+"""`turbogs bench`: the side-by-side run, its files, the speedup maths, --set, and the step cost.
 
 One small bench on the demo scene (128x96, 10 steps, two presets) is shared by several
 tests. Its evaluation is made slower on purpose, to see that evaluation time never
@@ -176,18 +176,58 @@ def test_a_preset_with_its_own_step_count_races_a_time_budget(tmp_path):
     assert "3dgs@12 runs 12 steps instead" in (tmp_path / "bench.md").read_text()
 
 
+def test_set_changes_the_config_the_bench_trains_with_and_is_recorded(demo_bench, tmp_path):
+    """`--set` on the scene form: the settings reach the trainer (a half share of background
+    points starts the run from 1.5x the capture's points, densification every 20 steps shows in
+    the Gaussian count), and bench.json and bench.md say which settings ran."""
+    code = turbogs_main(["bench", f"demo={DEMO}:r=1", "--presets", "3dgs", "--steps", "120", "--eval-points", "3",
+                         "--set", "background_points=0.5", "--set", "density.densify_every=20",
+                         "--device", "cpu", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["settings"] == ["background_points=0.5", "density.densify_every=20"]
+    assert result["resolution"] == 1 and result["scene_name"] == "demo" and result["image_size"] == [128, 96]
+    entry = result["presets"]["3dgs"]
+    assert entry["config"]["background_points"] == 0.5 and entry["config"]["density"]["densify_every"] == 20
+    assert entry["config"]["density"]["kind"] == "3dgs" and entry["config"]["steps"] == 120
+    plain = demo_bench["result"]["presets"]["3dgs"]  # the same preset and scene without the settings
+    assert plain["config"]["background_points"] == 0.0 and not demo_bench["result"]["settings"]
+    start = entry["points"][0]["num_gaussians"]
+    assert start == round(1.5 * plain["points"][0]["num_gaussians"])
+    # The count over the run, read through the StepObserver: the start, then densifications that
+    # the evaluation points agree with.
+    counts = entry["gaussian_counts"]
+    assert counts[0] == {"step": 0, "seconds": 0.0, "num_gaussians": start}
+    grown = [event for event in counts[1:] if event.get("n_cloned", 0) + event.get("n_split", 0) > 0]
+    assert grown and all(event["step"] % 20 == 0 for event in grown)
+    assert entry["peak_gaussians"] == max(event["num_gaussians"] for event in counts) > start
+    for point in entry["points"]:
+        assert point["num_gaussians"] == [e for e in counts if e["step"] <= point["step"]][-1]["num_gaussians"]
+    report = (tmp_path / "bench.md").read_text()
+    assert report.startswith("# TurboGS bench: demo")
+    assert "- settings on every preset: `background_points=0.5`, `density.densify_every=20`" in report
+    assert "## Gaussian count over the run" in report
+
+
 def test_step_cost_renders_the_asked_share_of_tiles(tmp_path):
     code = turbogs_main(["bench", DEMO, "--presets", "3dgs", "-r", "1", "--step-cost", "--step-cost-repeats", "1",
-                       "--step-cost-gaussians", "2000", "--device", "cpu", "--out", str(tmp_path)])
+                       "--step-cost-gaussians", "2000", "--step-cost-profile", "--set", "sh_degree=2",
+                       "--device", "cpu", "--out", str(tmp_path)])
     assert code == 0
     cost = json.loads((tmp_path / "step_cost.json").read_text())
-    assert cost["num_gaussians"] == 2000
+    assert cost["num_gaussians"] == 2000 and cost["settings"] == ["sh_degree=2"]
     assert [f["fraction"] for f in cost["fractions"]] == [1.0, 0.5, 0.25]
     assert [f["tiles"] for f in cost["fractions"]] == [48, 24, 12]  # of 8 x 6 tiles
     assert all(f["seconds_per_step"] > 0 and len(f["all_seconds"]) == 1 for f in cost["fractions"])
     assert cost["ratio_to_full"]["1.0"] == 1.0
     assert cost["ratio_to_full"]["0.25"] == pytest.approx(
         cost["fractions"][2]["seconds_per_step"] / cost["fractions"][0]["seconds_per_step"], rel=1e-3)
+    # The profile: render + loss + backward at both shares, and whole training steps at two points
+    # of a run from as many Gaussians.
+    profile = (tmp_path / "profile.txt").read_text()
+    assert "== 100% of tiles" in profile and "== 25% of tiles" in profile
+    for share in ("10%", "70%"):
+        assert f"== one whole training step (3dgs, at {share} of a 1000-step run, from 2000 Gaussians" in profile
 
 
 def test_random_tile_mask_has_exactly_the_share():
@@ -237,6 +277,13 @@ def test_nice_ticks():
     (["--presets", "nope@5", "--steps", "5"], "unknown preset 'nope'"),
     (["--presets", "3dgs"], "--budget-seconds S or --steps N"),
     (["--presets", "3dgs", "--steps", "5", "--step-cost"], "--step-cost"),
+    (["--presets", "3dgs", "--steps", "5", "--set", "density.no_such_field=1"],
+     "setting 'density.no_such_field=1': density (VanillaDensityConfig) has no field 'no_such_field'"),
+    (["--presets", "3dgs,turbo", "--steps", "5", "--set", "density.opacity_decay=0.5"],  # error-driven's, not 3dgs's
+     "has no field 'opacity_decay'"),
+    (["--presets", "3dgs", "--steps", "5", "--set", "density=bogus"], "no density named 'bogus'"),
+    (["--presets", "3dgs", "--steps", "5", "--set", "seed=x"], "'x' is not a Python literal"),
+    (["--presets", "3dgs", "--step-cost", "--set", "nope=1"], "TrainConfig has no field 'nope'"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message, tmp_path, capsys):
     code = turbogs_main(["bench", DEMO, *argv, "--out", str(tmp_path / "out")])
@@ -278,6 +325,17 @@ def test_ablation_presets_switch_one_part_off():
             else:
                 expected[path[0]][path[1]] = value
         assert variant == expected, name
+
+
+@pytest.mark.parametrize("scene, flags, message", [
+    (f"{DEMO}:r8", [], "unknown option ':r8'"),
+    (f"{DEMO}:r=2", ["-r", "4"], "the scene says r=2 and -r says 4"),
+    (f"{DEMO}:density.max_gaussians=10", [], "give settings with --set, not in the scene"),
+])
+def test_a_bad_scene_form_is_a_one_line_error(scene, flags, message, tmp_path, capsys):
+    code = turbogs_main(["bench", scene, *flags, "--presets", "3dgs", "--steps", "5", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and "\n" not in err and err.startswith("turbogs bench: error:")
 
 
 def test_missing_scene_is_a_one_line_error(tmp_path, capsys):

@@ -19,10 +19,16 @@ same flag would be:
 A preset named `P@N` runs N steps whatever the bench's sizing (`turbo,3dgs@7000`: turbo's
 time budget against 3DGS at 7k steps); "speedup vs run" then says how much sooner turbo
 had what 3DGS ended with. `P+ABLATION` switches one TurboGS part off (config.ABLATIONS).
+`--set FIELD=VALUE` changes any training setting on every preset before the run is sized
+(settings.py), so that a variant of a preset needs no preset, flag or script of its own; the
+settings are recorded in bench.json and bench.md. The scene may be given in the form every
+benchmark script takes (scenes.py): PATH[:r=R][:w].
 
 Outputs in --out: bench.json, bench.md (tables) and psnr_vs_time.png (one curve per
-preset, drawn with OpenCV). `--step-cost` instead measures seconds per
-render + loss + backward with 100%, 50% and 25% of the tiles rendered (step_cost.json).
+preset, drawn with OpenCV). bench.json also holds each preset's config as trained and its
+Gaussian count over the run (counts.py, read through the trainer's StepObserver).
+`--step-cost` instead measures seconds per render + loss + backward with 100%, 50% and 25%
+of the tiles rendered (step_cost.json).
 
 Peak memory is the growth over what was in use before the preset started: on CUDA
 torch's peak allocated bytes; on the CPU the peak resident set size, sampled after
@@ -31,17 +37,22 @@ presets). On the CPU it is approximate: memory freed by an earlier preset can be
 by the allocator without showing as growth.
 
 Modules: run.py (the runs, timed and metered), report.py (time to PSNR, speedups,
-bench.md), plot.py (psnr_vs_time.png), step_cost.py (--step-cost), audit.py (--step-audit);
-the flags are turbogs/cli/bench.py.
+bench.md), plot.py (psnr_vs_time.png), settings.py (--set), scenes.py (the scene form),
+counts.py (the Gaussian count over a run), step_cost.py (--step-cost), step_trainer.py (a trainer
+placed inside a run, for single-step measurements), audit.py (--step-audit); the flags are
+turbogs/cli/bench.py.
 """
 
 from turbogs.bench.plot import CURVE_COLORS, PLOT_SIZE, draw_psnr_plot, nice_ticks
 from turbogs.bench.report import PSNR_TOLERANCE_DB, markdown_report, speedups, time_to_psnr
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench, split_steps
+from turbogs.bench.scenes import SceneSpec, parse_scene_spec
+from turbogs.bench.settings import apply_settings, config_record
 from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_step_cost
 
 __all__ = [
-    "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "draw_psnr_plot",
-    "markdown_report", "nice_ticks", "parse_presets", "random_tile_mask", "replicated_gaussians", "run_bench",
-    "run_step_cost", "speedups", "split_steps", "time_to_psnr",
+    "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "SceneSpec", "apply_settings",
+    "config_record", "draw_psnr_plot", "markdown_report", "nice_ticks", "parse_presets", "parse_scene_spec",
+    "random_tile_mask", "replicated_gaussians", "run_bench", "run_step_cost", "speedups", "split_steps",
+    "time_to_psnr",
 ]

@@ -41,9 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from turbogs import host_read
-from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, split_steps
+from turbogs.bench.run import BenchSettings, base_config, load_bench_scene, machine_info, make_trainer
 from turbogs.fileio import atomic_write_json
-from turbogs.training.config import get_preset
 from turbogs.training.observer import StepObserver
 from turbogs.training.outdir import check_output_dir
 
@@ -199,9 +198,7 @@ def summarize(steps: List[dict]) -> Optional[dict]:
 def audit_preset(name: str, scene, settings: BenchSettings, steps: int,
                  density_steps_wanted: int = DENSITY_STEPS_WANTED) -> dict:
     """Train preset `name` under the audit; its entry of step_audit.json."""
-    cfg = get_preset(split_steps(name)[0])
-    cfg.seed = settings.seed
-    cfg = cfg.for_run(steps=max(steps, SCHEDULE_STEPS))
+    cfg = base_config(name, settings).for_run(steps=max(steps, SCHEDULE_STEPS))
     trainer = make_trainer(scene, cfg, settings)
     counter = OpCounter(count_render_reads=settings.device.type == "cuda")
     observer = AuditObserver(counter)
@@ -255,6 +252,7 @@ def run_step_audit(settings: BenchSettings, steps: Optional[int] = None) -> dict
         "device": str(settings.device),
         "machine": machine_info(settings.device),
         "command": settings.command,
+        "settings": list(settings.config_settings),
         "host_read_ops": sorted(_ALWAYS_READS) + ["index/index_put with a boolean mask",
                                                  "repeat_interleave without output_size", BATCHED_READ],
         "presets": presets,

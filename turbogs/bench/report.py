@@ -76,17 +76,21 @@ def markdown_report(result: dict) -> str:
         sizing += "; " + ", ".join(f"{name} runs {steps} steps instead" for name, steps in mode["preset_steps"].items())
     machine = result["machine"]
     where = machine.get("gpu") or f"{machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads"
+    settings = result.get("settings") or []
     lines = [
-        f"# TurboGS bench: {Path(result['scene']).name}",
+        f"# TurboGS bench: {result.get('scene_name') or Path(result['scene']).name}",
         "",
         f"- command: `{result['command']}`",
         f"- device: {result['device']} ({where}); torch {machine['torch']}, {machine['platform']}",
         f"- scene: {result['scene']}, {result['train_views']} train / {result['test_views']} test views, "
         f"{result['image_size'][0]}x{result['image_size'][1]} px",
         f"- run: {sizing}; evaluation, set-up and file writes are not counted as training time",
+        "- settings on every preset: " + (", ".join(f"`{item}`" for item in settings) if settings
+                                          else "none (the presets as they are)"),
         "",
-        "| preset | PSNR (dB) | SSIM | LPIPS | train time (s) | steps | steps/s | Gaussians | peak memory |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| preset | PSNR (dB) | SSIM | LPIPS | train time (s) | steps | steps/s | Gaussians | peak Gaussians "
+        "| peak memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, entry in result["presets"].items():
         final = entry["points"][-1]
@@ -94,7 +98,7 @@ def markdown_report(result: dict) -> str:
             f"| {name} | {fmt(final.get('psnr'), '.2f')} | {fmt(final.get('ssim'), '.4f')} | "
             f"{fmt(final.get('lpips'), '.4f')} | {entry['train_seconds']:.1f} | {entry['steps']} | "
             f"{fmt(entry['steps_per_second'], '.2f')} | {entry['num_gaussians']} | "
-            f"{_megabytes(entry['peak_memory_bytes'])} |"
+            f"{fmt(entry.get('peak_gaussians'), 'd')} | {_megabytes(entry['peak_memory_bytes'])} |"
         )
     memory = {entry["memory_measure"] for entry in result["presets"].values()}
     lines += ["", f"Peak memory: {', '.join(sorted(memory))} (growth over the memory in use before the preset)."]
@@ -120,6 +124,17 @@ def markdown_report(result: dict) -> str:
             lines.append(f"| {a} | {b} | {s['target_psnr']:.2f} | {fmt(s['seconds'], '.1f')} | "
                          f"{fmt(s['reference_seconds'], '.1f')} | {speedup} | "
                          f"{fmt(s.get('reference_run_seconds'), '.1f')} | {vs_run} |")
+
+    counted = {name: entry for name, entry in result["presets"].items() if entry.get("gaussian_counts")}
+    if counted:
+        lines += ["", "## Gaussian count over the run", "",
+                  "Every step that densified or changed the count is in bench.json (`gaussian_counts`).", "",
+                  "| preset | start | peak | final | such steps | last one (step) |", "|---|---:|---:|---:|---:|---:|"]
+        for name, entry in counted.items():
+            events = entry["gaussian_counts"]
+            lines.append(f"| {name} | {events[0]['num_gaussians']} | {entry['peak_gaussians']} | "
+                         f"{entry['num_gaussians']} | {len(events) - 1} | "
+                         f"{events[-1]['step'] if len(events) > 1 else '-'} |")
 
     lines += ["", "## Evaluation points", "", "| preset | train time (s) | step | PSNR (dB) | SSIM | Gaussians |",
               "|---|---:|---:|---:|---:|---:|"]

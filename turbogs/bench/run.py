@@ -18,8 +18,10 @@ import torch
 from tqdm import tqdm
 
 from turbogs import kernels
+from turbogs.bench.counts import GaussianCounts
 from turbogs.bench.plot import draw_psnr_plot
 from turbogs.bench.report import PSNR_TOLERANCE_DB, fmt, markdown_report, speedups
+from turbogs.bench.settings import apply_settings, config_record
 from turbogs.data.scene import Scene
 from turbogs.errors import InputError
 from turbogs.evaluate import evaluate_views
@@ -51,6 +53,9 @@ class BenchSettings:
     progress: bool = True
     command: str = ""
     log: Callable[[str], None] = print
+    # --set FIELD=VALUE, on every preset in this order before the run is sized (bench/settings.py)
+    config_settings: Tuple[str, ...] = ()
+    scene_name: str = ""  # the scene spec's NAME, for the report's title; "": the folder's name
 
     def __post_init__(self):
         if self.steps is not None and self.budget_seconds is not None:
@@ -61,7 +66,7 @@ class BenchSettings:
         if duplicates:
             raise InputError(f"bench: preset {duplicates[0]!r} is listed twice in --presets")
         for name in self.presets:
-            get_preset(split_steps(name)[0])  # raises naming the known presets
+            base_config(name, self)  # raises naming the known presets, or the setting that does not apply
 
     @property
     def preset_steps(self) -> Dict[str, int]:
@@ -172,13 +177,20 @@ def evaluation_point(trainer: Trainer, scene: Scene, first: bool, log) -> Tuple[
     return point, evaluation.get("lpips_backbone")
 
 
-def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
-    """The preset as `turbogs train --preset NAME` runs it with the same --steps or
-    --budget-seconds; PRESET@N as it runs with --steps N."""
-    base, own_steps = split_steps(name)
-    cfg = get_preset(base)
+def base_config(name: str, settings: BenchSettings) -> TrainConfig:
+    """The preset with the bench's seed, views per step and --set settings, not yet sized."""
+    cfg = get_preset(split_steps(name)[0])
     cfg.seed = settings.seed
     cfg.batch_views = settings.batch_views
+    return apply_settings(cfg, settings.config_settings)
+
+
+def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
+    """The preset as `turbogs train --preset NAME` runs it with the same --steps or
+    --budget-seconds; PRESET@N as it runs with --steps N. --set settings come before the sizing,
+    so that a changed schedule is scaled like the preset's own."""
+    own_steps = split_steps(name)[1]
+    cfg = base_config(name, settings)
     if own_steps is not None:
         return cfg.for_run(steps=own_steps)
     return cfg.for_run(settings.steps, settings.budget_seconds)
@@ -225,6 +237,8 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     release_memory(settings.device)
     meter = MemoryMeter(settings.device)
     trainer = make_trainer(scene, cfg, settings)
+    counts = GaussianCounts(len(trainer.gaussians))
+    trainer.observer = counts
     meter.sample()
     bar.set_postfix_str(name)
     point, backbone = evaluation_point(trainer, scene, first, settings.log)
@@ -234,6 +248,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by
     while trainer.progress() < 1.0:  # the trainer's own end: its steps, or its time budget
         seconds = trainer.run_step()
+        counts.after_step(trainer.step, trainer.elapsed)
         meter.sample()
         if mixed:
             advance = min(trainer.progress(), 1.0) - bar_share
@@ -266,10 +281,13 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
         "world_size": trainer.world.size,
         "batch_views": cfg.batch_views,
         "num_gaussians": len(trainer.gaussians),
+        "peak_gaussians": counts.peak,
+        "gaussian_counts": counts.events,  # the start, then every densification or change of count
         "peak_memory_bytes": meter.peak_growth(),
         "memory_measure": meter.kind,
         "skipped_steps": trainer.stats.skipped_steps,
         "lpips_backbone": backbone,
+        "config": config_record(trainer.cfg),  # what the trainer ran: the preset, the settings, the sizing
     }
     del trainer
     release_memory(settings.device)
@@ -291,7 +309,7 @@ def machine_info(device: torch.device) -> dict:
 def load_bench_scene(settings: BenchSettings) -> Scene:
     from turbogs.data.load import load_scene
 
-    test_every = get_preset(settings.presets[0]).test_every
+    test_every = base_config(settings.presets[0], settings).test_every
     scene = load_scene(settings.scene, resolution=settings.resolution, images=settings.images, eval_split=True,
                        white_background=settings.white_background, test_every=test_every, log=settings.log)
     if not scene.test:
@@ -313,7 +331,8 @@ def run_bench(settings: BenchSettings) -> dict:
         sizing += " (" + ", ".join(f"{name}: {steps} steps" for name, steps in own_steps.items()) + ")"
     settings.log(f"bench {settings.scene}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{width}x{height} px; presets {', '.join(settings.presets)}, {sizing} each, "
-                 f"{settings.eval_points} evaluations, on {settings.device}")
+                 f"{settings.eval_points} evaluations, on {settings.device}"
+                 + (f"; settings {' '.join(settings.config_settings)}" if settings.config_settings else ""))
     warm_up(scene, settings)
 
     if own_steps:
@@ -335,15 +354,18 @@ def run_bench(settings: BenchSettings) -> dict:
 
     result = {
         "scene": str(settings.scene),
+        **({"scene_name": settings.scene_name} if settings.scene_name else {}),
         "image_size": [width, height],
         "train_views": len(scene.train),
         "test_views": len(scene.test),
         "resolution": settings.resolution,
+        "white_background": settings.white_background,
         "device": str(settings.device),
         "backend": kernels.backend_name(settings.device),
         "command": settings.command,
         "machine": machine_info(settings.device),
         "seed": settings.seed,
+        "settings": list(settings.config_settings),
         "mode": dict({"steps": settings.steps} if settings.steps is not None else {"budget_seconds": settings.budget_seconds},
                      **({"preset_steps": own_steps} if own_steps else {})),
         "eval_points": settings.eval_points,

@@ -1,5 +1,6 @@
 """`turbogs bench --step-cost`: seconds per render + loss + backward with 100%, 50% and 25%
-of the tiles rendered (step_cost.json), optionally with torch.profiler's costliest ops."""
+of the tiles rendered (step_cost.json), optionally with torch.profiler's costliest ops of those
+and of whole training steps (profile.txt)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from turbogs import kernels
-from turbogs.bench.run import BenchSettings, load_bench_scene, machine_info, make_trainer, preset_config
+from turbogs.bench.run import BenchSettings, base_config, load_bench_scene, machine_info
+from turbogs.bench.step_trainer import RUN_STEPS, trainer_at, without_points
 from turbogs.fileio import atomic_write_json, atomic_write_text
 from turbogs.gaussians import Gaussians
-from turbogs.training.config import get_preset
-from turbogs.training.outdir import check_output_dir
 from turbogs.training.clock import synchronize
+from turbogs.training.outdir import check_output_dir
 from turbogs.training.start import initial_gaussians
 
 STEP_COST_FRACTIONS = (1.0, 0.5, 0.25)
+# Where in a run the profile's whole training steps are taken: turbo renders every tile early in
+# a run and a share of them late, and a step of each kind is profiled.
+PROFILE_PROGRESS = (0.1, 0.7)
 
 
 # --- step cost ----------------------------------------------------------------------
@@ -55,8 +59,10 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     The fractions take turns within each repeat (same view, same Gaussians), so that a
     change in machine load hits all of them alike. 100% renders without a tile mask, as
     a dense step does; the loss is the turbo tile loss over the rendered tiles. All SH
-    bands are active, as late in training. With `profile`, torch.profiler's table of the
-    costliest ops of a few full and quarter steps goes to profile.txt.
+    bands are active, as late in training. With `profile`, torch.profiler's tables go to
+    profile.txt: the costliest ops of a few full and quarter steps, and of whole training steps
+    of the first preset at PROFILE_PROGRESS of a run, started from as many Gaussians along the
+    camera rays (bench/step_trainer.py).
     """
     from turbogs.render import render
     from turbogs.tiles import tile_grid
@@ -66,7 +72,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
     scene = load_bench_scene(settings)
     device = settings.device
     kernels.prepare_kernels(device, settings.log)  # compiled (once) before anything is timed
-    cfg = get_preset(settings.presets[0])
+    cfg = base_config(settings.presets[0], settings)
     generator = torch.Generator().manual_seed(settings.seed)
     gaussians = initial_gaussians(scene, cfg, generator)
     if num_gaussians is not None:
@@ -112,6 +118,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
         "backend": kernels.backend_name(device),
         "machine": machine_info(device),
         "command": settings.command,
+        "settings": list(settings.config_settings),
         "image_size": [scene.train[0].width, scene.train[0].height],
         "num_gaussians": len(gaussians),
         "repeats": repeats,
@@ -126,11 +133,13 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
         camera = scene.train[0]
         rows, cols = tile_grid(camera.height, camera.width)
         masks = {f: random_tile_mask(rows, cols, f, generator) for f in (1.0, 0.25)}
-        trainer = make_trainer(scene, preset_config(settings.presets[0], settings), settings)
+        without_points(scene)
+        trainers = {f"{settings.presets[0]}, at {p:.0%} of a {RUN_STEPS}-step run, from {len(gaussians)} Gaussians "
+                    f"along the camera rays": trainer_at(scene, cfg, len(gaussians), p, settings.out_dir, device)
+                    for p in PROFILE_PROGRESS}
         write_profile(settings.out_dir / "profile.txt", lambda f: one_step(camera, camera.image.to(device), masks[f]),
                       device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px",
-                      trainer_step=trainer.run_step, trainer_what=f"{settings.presets[0]}, {len(trainer.gaussians)} "
-                      "Gaussians at the start of a run")
+                      whole_steps={what: trainer.run_step for what, trainer in trainers.items()})
     settings.log(f"step cost on {device}, {len(gaussians)} Gaussians, {result['image_size'][0]}x"
                  f"{result['image_size'][1]} px, median of {repeats}:")
     for f in STEP_COST_FRACTIONS:
@@ -141,12 +150,11 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
 
 
 def write_profile(path: Path, step: Callable[[float], float], device: torch.device, what: str,
-                  steps: int = 3, rows: int = 25, trainer_step: Optional[Callable[[], float]] = None,
-                  trainer_what: str = "") -> None:
+                  steps: int = 3, rows: int = 25, whole_steps: Optional[Dict[str, Callable[[], float]]] = None) -> None:
     """torch.profiler's costliest ops (self time on the device, else on the CPU) over a
-    few steps with all tiles and with a quarter of them; with `trainer_step`, also one whole
-    training step (sampling, loss, backward, density control, optimizer: everything the
-    trainer does around the render), after a few untimed ones."""
+    few steps with all tiles and with a quarter of them; for each of `whole_steps` (what it is:
+    one training step), also one whole training step (sampling, loss, backward, density control,
+    optimizer: everything the trainer does around the render), after a few untimed ones."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -157,11 +165,11 @@ def write_profile(path: Path, step: Callable[[float], float], device: torch.devi
             for _ in range(steps):
                 step(fraction)
         sections.append(f"== {fraction:.0%} of tiles\n" + prof.key_averages().table(sort_by=sort_by, row_limit=rows))
-    if trainer_step is not None:
+    for whole_what, trainer_step in (whole_steps or {}).items():
         for _ in range(steps):
             trainer_step()
         with profile(activities=activities) as prof:
             trainer_step()
-        sections.append(f"== one whole training step ({trainer_what})\n"
+        sections.append(f"== one whole training step ({whole_what})\n"
                         + prof.key_averages().table(sort_by=sort_by, row_limit=rows))
     atomic_write_text(path, "\n\n".join(sections) + "\n")

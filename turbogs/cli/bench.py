@@ -10,6 +10,7 @@ from turbogs import kernels
 from turbogs.bench.audit import run_step_audit
 from turbogs.bench.report import PSNR_TOLERANCE_DB
 from turbogs.bench.run import BenchSettings, parse_presets, run_bench
+from turbogs.bench.scenes import parse_scene_spec
 from turbogs.bench.step_cost import run_step_cost
 from turbogs.cli.args import add_device, add_torch_twins, positive_float, positive_int, resolution_arg
 from turbogs.device import pick_device
@@ -22,7 +23,8 @@ def add_parser(subcommands) -> None:
         "bench", help="train presets side by side and compare their time to quality",
         description="Train each preset on the same scene and split, evaluate the test views at fixed points of "
                     "training time, and write bench.json, bench.md and psnr_vs_time.png.")
-    p.add_argument("scene", help="capture folder (COLMAP or transforms.json); every 8th image is a test view")
+    p.add_argument("scene", help="capture folder (COLMAP or transforms.json); every 8th image is a test view. "
+                                 "Also the benchmarks' scene form PATH[:r=R][:w] (as -r R, -w)")
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated presets to compare, run in this order (default: {','.join(PRESETS)}); "
                         f"PRESET+ABLATION switches one part off, e.g. turbo+no-ncc "
@@ -40,6 +42,11 @@ def add_parser(subcommands) -> None:
     add_device(p)
     add_torch_twins(p)
     p.add_argument("--seed", type=int, default=0, help="random seed, the same for every preset (default 0)")
+    p.add_argument("--set", dest="config_settings", action="append", default=[], metavar="FIELD=VALUE",
+                   help="set a training setting on every preset before the run is sized (repeatable, in order): "
+                        "dotted paths reach into parts (density.opacity_decay=0.6, coarse_to_fine.target_steps=2000), "
+                        "values are Python literals; density=NAME / optimizer=NAME swap that part at its defaults. "
+                        "Recorded in bench.json and bench.md")
     p.add_argument("--eval-points", type=positive_int, default=8,
                    help="evaluations on the test views during each run, evenly spaced (default 8)")
     p.add_argument("--out", "-o", required=True, help="folder for bench.json, bench.md and psnr_vs_time.png")
@@ -71,13 +78,20 @@ def run(args: argparse.Namespace) -> int:
     if args.step_cost and (args.steps is not None or args.budget_seconds is not None):
         raise InputError("bench: --step-cost measures single steps; drop --steps / --budget-seconds")
     kernels.use_torch_twins(args.torch_twins)
+    scene = parse_scene_spec(args.scene)
+    if scene.settings:
+        raise InputError(f"bench: give settings with --set, not in the scene ({', '.join(scene.settings)})")
+    if None not in (scene.resolution, args.resolution) and scene.resolution != args.resolution:
+        raise InputError(f"bench: the scene says r={scene.resolution} and -r says {args.resolution}; give one")
     settings = BenchSettings(
-        scene=Path(args.scene), presets=parse_presets(args.presets), out_dir=Path(args.out),
+        scene=scene.path, presets=parse_presets(args.presets), out_dir=Path(args.out),
         steps=args.steps, budget_seconds=args.budget_seconds,
-        resolution=args.resolution, images=args.images, white_background=args.white_background,
+        resolution=scene.resolution if args.resolution is None else args.resolution, images=args.images,
+        white_background=args.white_background or scene.white_background,
         device=pick_device(args.device, args.threads), seed=args.seed, batch_views=args.batch_views,
         eval_points=args.eval_points, progress=not args.quiet,
-        command="turbogs " + shlex.join(argv),
+        command="turbogs " + shlex.join(argv), config_settings=tuple(args.config_settings),
+        scene_name=scene.name,
     )
     if args.step_audit:
         run_step_audit(settings, steps=audit_steps)
