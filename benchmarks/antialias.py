@@ -38,8 +38,8 @@ from turbogs.formats.model_folder import load_gaussians
 from turbogs.metrics import psnr
 from turbogs.render import render
 from turbogs.training.config import TrainConfig, get_preset
-from turbogs.training.run import train
-from turbogs.training.trainer import RunOptions
+from turbogs.training.session import train
+from turbogs.training.trainer import SessionOptions
 
 SCALES = (1, 2, 4, 8)
 
@@ -78,7 +78,7 @@ def run_one(spec: SceneSpec, antialiased: bool, seed: int, steps: int, out: Path
     if not (reuse and (folder / "results.json").is_file()):
         if folder.exists():
             shutil.rmtree(folder)
-        options = RunOptions(out_dir=folder, device=pick_device("cpu", 1), progress=False, eval_split=True,
+        options = SessionOptions(out_dir=folder, device=pick_device("cpu", 1), progress=False, eval_split=True,
                              save_test_images=False, resolution=spec.resolution or -1, log=lambda *_: None)
         train(scene, cfg, options)
     gaussians, _ = load_gaussians(folder, "cpu")

@@ -64,7 +64,7 @@ def captured_inputs(scene, kind: str, count: int, warmup: int, tmp: Path):
     try:
         trainer = trainer_at(scene, get_preset(preset), count, progress, tmp)
         for _ in range(warmup):
-            trainer.run_step()
+            trainer.timed_step()
     finally:
         raster_cpu.rasterize = original
     return [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in calls[-1]]

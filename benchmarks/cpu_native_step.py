@@ -7,7 +7,7 @@ starts from the same ray points with the same seed. After --warmup untimed steps
 trainers take turns one step at a time for --repeats rounds, so that a change in the
 machine's load hits every configuration alike; the median of each is printed, then the
 ratios: twins / native (1 thread), native 1 thread / 2 threads, and a sparse step / a full
-one. A step is everything the trainer does (Trainer.run_step).
+one. A step is everything the trainer does (Trainer.timed_step).
 
     python benchmarks/cpu_native_step.py [--scene ../shared/data/test_colmap] [-r 4]
         [--counts 10000 100000] [--repeats 5] [--threads 1 2]
@@ -64,7 +64,7 @@ def main() -> None:
                     trainer = trainer_at(scene, get_preset(preset), count, progress,
                                          Path(tmp) / f"{kind}-{backend}-{threads}")
                     for _ in range(args.warmup):
-                        trainer.run_step()
+                        trainer.timed_step()
                     trainers[backend, threads] = trainer
                 times = {key: [] for key in trainers}
                 for _ in range(args.repeats):
@@ -72,12 +72,12 @@ def main() -> None:
                         torch.set_num_threads(threads)
                         kernels.use_torch_twins(backend == "twins")
                         started = time.perf_counter()
-                        trainer.run_step()
+                        trainer.timed_step()
                         times[backend, threads].append(time.perf_counter() - started)
                 for key, values in times.items():
-                    medians[kind, *key] = statistics.median(values)
+                    medians[(kind, *key)] = statistics.median(values)
                     print(f"{count:>7} Gaussians  {kind:<10} {key[0]:<6} {key[1]} thread(s): "
-                          f"{medians[kind, *key] * 1e3:8.1f} ms a step   (all: "
+                          f"{medians[(kind, *key)] * 1e3:8.1f} ms a step   (all: "
                           + " ".join(f"{v * 1e3:.0f}" for v in values) + ")", flush=True)
                 del trainers
             kernels.use_torch_twins(False)

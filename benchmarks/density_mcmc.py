@@ -33,8 +33,8 @@ from turbogs.bench.settings import apply_settings
 from turbogs.device import pick_device
 from turbogs.errors import TurboGSError
 from turbogs.training.config import get_preset
-from turbogs.training.run import train
-from turbogs.training.trainer import RunOptions
+from turbogs.training.session import train
+from turbogs.training.trainer import SessionOptions
 
 
 def variant_settings(variant: str) -> Tuple[str, List[str]]:
@@ -57,7 +57,7 @@ def run_one(spec: SceneSpec, variant: str, seed: int, budget: float, out: Path, 
     folder = out / f"{spec.label}_{variant}_s{seed}"
     if folder.exists():
         shutil.rmtree(folder)
-    options = RunOptions(out_dir=folder, device=pick_device("cpu", 1), progress=False, eval_split=True,
+    options = SessionOptions(out_dir=folder, device=pick_device("cpu", 1), progress=False, eval_split=True,
                          save_test_images=False, resolution=spec.resolution or -1, log=lambda *_: None)
     summary = train(scene, cfg, options)
     row = {"scene": spec.label, "variant": variant, "seed": seed, "cap": cfg.density.max_gaussians,

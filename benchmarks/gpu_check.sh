@@ -39,7 +39,7 @@ built() {  # both CUDA modules load without compiling anything
 bench_presets() {  # those of $PRESETS that exist, comma-separated
   python3 -c "
 import os, sys
-from turbogs.bench.run import split_steps
+from turbogs.bench.race import split_steps
 from turbogs.training.config import get_preset
 from turbogs.errors import TurboGSError
 def exists(name):  # a preset, PRESET+ABLATION, or either @STEPS

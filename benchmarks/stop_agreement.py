@@ -37,14 +37,14 @@ def worker(rank: int, init_file: str, args, results) -> None:
     from turbogs.distributed.world import World, exit_rank
     from turbogs.training.config import get_preset
     from turbogs.training.stop import StopAgreement, StopSignals
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     world = World(rank, 2, rank, "gloo")
     scene = load_scene(args.scene, resolution=args.resolution, log=lambda message: None)
     cfg = get_preset(args.preset).for_run(100_000, world_size=2)
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=Path(init_file).parent, progress=False,
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=Path(init_file).parent, progress=False,
                                              log=lambda message: None, world=world))
     every_step = StopAgreement(world, StopSignals(), every=1)
 
@@ -52,13 +52,13 @@ def worker(rank: int, init_file: str, args, results) -> None:
         dist.barrier()
         start = time.perf_counter()
         for _ in range(args.steps):
-            trainer.run_step()
+            trainer.timed_step()
             if agree:
                 every_step.check(trainer.step)
         return (time.perf_counter() - start) / args.steps
 
     for _ in range(args.warmup):
-        trainer.run_step()
+        trainer.timed_step()
     plain, agreed = [], []
     for pair in range(args.repeats):
         for agree in ((False, True) if pair % 2 == 0 else (True, False)):

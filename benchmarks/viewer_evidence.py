@@ -511,7 +511,7 @@ def write_report(slowdown: dict, shots: dict, started: float) -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "browser": "Debian /usr/bin/chromium, headless, WebGL on SwiftShader (tests/browser.py)"},
         "scene": DEMO_SCENE,
-        "what_train_seconds_counts": "the trainer's clock: run_step() only (not the per-step viewer.update, "
+        "what_train_seconds_counts": "the trainer's clock: timed_step() only (not the per-step viewer.update, "
                                      "checkpoint writes, start-up or evaluation)",
         "slowdown": slowdown,
         "screenshots": shots,

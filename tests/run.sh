@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the tests need on a fresh machine, then run them.
+# Install everything the tests need on a fresh machine, then run them: the fast tier by default,
+# the end-to-end tier with `-m slow` (pytest.ini).
 # CPU machines get torch's CPU build (pinned, installed first, so pip never pulls a
 # multi-GB CUDA build); Debian's chromium is installed for the browser tests.
 set -euo pipefail
@@ -20,4 +21,5 @@ if ! grep -qs "\"version\": \"$SPLAT_TRANSFORM_VERSION\"" tests/.node/node_modul
   npm install --prefix tests/.node --no-audit --no-fund --loglevel=error "@playcanvas/splat-transform@$SPLAT_TRANSFORM_VERSION"
 fi
 export TURBOGS_REQUIRE_SPLAT_TRANSFORM=1
-exec python -m pytest -q "$@"
+# One worker per core (pytest-xdist): the tests run torch on one thread each.
+exec python -m pytest -q -n auto "$@"

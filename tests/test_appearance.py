@@ -18,8 +18,8 @@ from turbogs.metrics import affine_color_fit, sampled_psnr
 from turbogs.render import render
 from turbogs.training.appearance import Appearance, AppearanceConfig
 from turbogs.training.config import get_preset
-from turbogs.training.run import train
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.session import train
+from turbogs.training.trainer import SessionOptions, Trainer
 
 _spec = importlib.util.spec_from_file_location("make_captures", REPO / "scenes" / "make_captures.py")
 captures = importlib.util.module_from_spec(_spec)
@@ -147,24 +147,24 @@ def appearance_cfg(steps):
 
 def test_checkpoint_keeps_the_transforms_and_resume_must_agree(exposure_scene, tmp_path):
     cfg = appearance_cfg(20)
-    first = Trainer(exposure_scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    first = Trainer(exposure_scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     for _ in range(8):
-        first.run_step()
+        first.timed_step()
     moved = [i for i, m in enumerate(first.appearance.matrices) if not torch.equal(m.detach(), torch.eye(3))]
     assert moved, "training did not touch any transform"
     state = {**first.state_dict(), "step": first.step}
-    second = Trainer(exposure_scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    second = Trainer(exposure_scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     second.load_state_dict(state)
     for a, b in zip(first.appearance.parameters(), second.appearance.parameters()):
         assert torch.equal(a, b)
     assert second.appearance.optimizer.state_dict()["state"].keys() == first.appearance.optimizer.state_dict()["state"].keys()
-    plain = Trainer(exposure_scene, get_preset("3dgs").for_run(steps=20), RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    plain = Trainer(exposure_scene, get_preset("3dgs").for_run(steps=20), SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     with pytest.raises(TurboGSError, match="--appearance"):
         plain.load_state_dict(state)
 
 
 def test_training_writes_transforms_and_an_uncorrected_model(exposure_scene, tmp_path):
-    summary = train(exposure_scene, appearance_cfg(12), RunOptions(out_dir=tmp_path, progress=False, log=quiet,
+    summary = train(exposure_scene, appearance_cfg(12), SessionOptions(out_dir=tmp_path, progress=False, log=quiet,
                                                                    save_test_images=False))
     assert {"psnr", "psnr_cc"} <= summary.keys() and summary["psnr_cc"] >= summary["psnr"] - 1e-6
     saved = json.loads((tmp_path / "appearance.json").read_text())

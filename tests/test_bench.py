@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from turbogs import bench
-from turbogs.bench import run as bench_run
+from turbogs.bench import race as bench_race
 from turbogs.cli import main as turbogs_main
 from turbogs.evaluate import evaluate_views
 from turbogs.gaussians import Gaussians, num_sh_bases
@@ -41,7 +41,7 @@ def demo_bench(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(PRESETS, "3dgs_again", preset_3dgs)
-        mp.setattr(bench_run, "evaluate_views", slow_evaluate)  # where run_preset looks it up
+        mp.setattr(bench_race, "evaluate_views", slow_evaluate)  # where run_preset looks it up
         started = time.perf_counter()
         code = turbogs_main(["bench", DEMO, "--presets", "3dgs,3dgs_again", "-r", "1", "--steps", "10", "--eval-points", "2",
                            "--device", "cpu", "--quiet", "--out", str(out)])

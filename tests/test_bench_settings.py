@@ -128,5 +128,5 @@ def test_a_trainer_placed_inside_a_run_starts_from_exactly_n_ray_points(tmp_path
     scene = without_points(load_scene(DEMO, resolution=2, eval_split=True, log=lambda message: None))
     trainer = trainer_at(scene, get_preset("3dgs"), 700, 0.7, tmp_path)
     assert len(trainer.gaussians) == 700 and trainer.step == int(0.7 * RUN_STEPS) and trainer.cfg.steps == RUN_STEPS
-    trainer.run_step()
+    trainer.timed_step()
     assert trainer.step == int(0.7 * RUN_STEPS) + 1

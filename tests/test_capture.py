@@ -40,7 +40,7 @@ def run_cli(capsys, *args):
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     root = tmp_path_factory.mktemp("photos")
-    folder = captures.make_capture("photos", str(root))
+    captures.make_capture("photos", str(root))
     return root / "photos", json.loads((root / "photos_poses.json").read_text())
 
 
@@ -80,7 +80,7 @@ def test_sfm_finds_the_cameras_the_renderer_used(photos, capsys, tmp_path):
     shutil.copytree(folder, scene)
     code, out, err = run_cli(capsys, "sfm", scene)
     assert code == 0, err
-    assert f"16 of 16 images registered" in out and "exhaustive matching" in out, out
+    assert "16 of 16 images registered" in out and "exhaustive matching" in out, out
     for phase, total in (("features", 16), ("matching", 120), ("mapping", 16)):  # a bar per phase, with counts
         assert f"{phase}: 100%" in err and f"{total}/{total}" in err, err[-800:]
     stats = json.loads((scene / "sparse" / "0" / "turbogs_sfm.json").read_text())

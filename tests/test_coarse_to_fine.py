@@ -14,7 +14,7 @@ from turbogs.training.bar import count_text
 from turbogs.training.coarse_to_fine import (CoarseToFineConfig, Stage, budget_plan, downscaled_size, merge_costly,
                                              plan_stages, spectrum_energy, start_factor, steps_made, tilt,
                                              work_shares)
-from turbogs.training.progress import RunProgress
+from turbogs.training.progress import WorkProgress
 from turbogs.training.step_costs import StepCosts
 from turbogs.training.views import TrainingViews, resize_area
 from turbogs.turbo.sampling import ErrorMemory
@@ -134,7 +134,7 @@ def test_step_costs_fit_the_two_timings_and_follow_the_measured_pace():
 
 
 def test_a_step_run_changes_size_at_its_shares_of_the_steps():
-    progress = RunProgress(200, None, [Stage(4, 0.25), Stage(2, 0.25), Stage(1, 0.5)])
+    progress = WorkProgress(200, None, [Stage(4, 0.25), Stage(2, 0.25), Stage(1, 0.5)])
     switched = []
     for step in range(200):
         if progress.stage_over(step, 0.0):
@@ -147,7 +147,7 @@ def test_a_step_run_changes_size_at_its_shares_of_the_steps():
 def test_a_budget_run_changes_size_at_its_planned_seconds_and_its_progress_follows_the_shares():
     """Two sizes: 30 s at 10 ms a step for a fifth of the work, then 70 s at 0.2 s a step. Progress
     rises through the first fifth with the cheap steps and never goes back."""
-    progress = RunProgress(100_000, 100.0, [Stage(2, 0.2, 30.0, 0.01), Stage(1, 0.8, 70.0, 0.2)])
+    progress = WorkProgress(100_000, 100.0, [Stage(2, 0.2, 30.0, 0.01), Stage(1, 0.8, 70.0, 0.2)])
     step, elapsed, seen, switched = 0, 0.0, [], None
     while True:
         if progress.stage_over(step, elapsed):
@@ -166,13 +166,13 @@ def test_a_budget_run_changes_size_at_its_planned_seconds_and_its_progress_follo
 
 
 def test_progress_resumes_its_stages():
-    first = RunProgress(10_000, 50.0, [Stage(2, 0.3, 10.0, 0.01), Stage(1, 0.7, 40.0, 0.1)])
+    first = WorkProgress(10_000, 50.0, [Stage(2, 0.3, 10.0, 0.01), Stage(1, 0.7, 40.0, 0.1)])
     for step in range(1200):
         elapsed = step * 0.01
         if first.stage_over(step, elapsed):
             first.next_stage(step, elapsed)
         first.at(step, elapsed)
-    second = RunProgress(10_000, 50.0, [Stage(1, 1.0)])
+    second = WorkProgress(10_000, 50.0, [Stage(1, 1.0)])
     second.load_state_dict(first.state_dict())
     assert second.stage == first.stage and second.index == 1
     assert second.at(1300, 13.0) == first.at(1300, 13.0)
@@ -258,17 +258,17 @@ def small_sizes_config(**budget):
 
 
 def test_a_step_run_trains_each_size_for_its_share_of_the_steps(demo_scene, tmp_path):
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
-    trainer = Trainer(demo_scene, small_sizes_config(steps=60), RunOptions(out_dir=tmp_path, progress=False, log=quiet))
-    stages = trainer.run_progress.stages
+    trainer = Trainer(demo_scene, small_sizes_config(steps=60), SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
+    stages = trainer.work.stages
     assert stages[0].factor == 4 and stages[-1].factor == 1
     seen = []
     while trainer.progress() < 1.0:
-        trainer.run_step()
+        trainer.timed_step()
         camera = trainer.train_views.cameras[0]
         seen.append((trainer.size_factor, camera.width, trainer.memory.grid(0), trainer.gaussians.antialiased))
-    ends = [trainer.run_progress.stage_end_step(i) for i in range(len(stages))]
+    ends = [trainer.work.stage_end_step(i) for i in range(len(stages))]
     for step, (factor, width, grid, antialiased) in enumerate(seen):  # the factor of the step made as step + 1
         index = next(i for i, end in enumerate(ends) if step < end)
         assert factor == stages[index].factor, (step, factor, ends)
@@ -278,32 +278,32 @@ def test_a_step_run_trains_each_size_for_its_share_of_the_steps(demo_scene, tmp_
 
 
 def test_a_budget_run_plans_its_sizes_at_the_first_step_and_ends_at_full_size(demo_scene, tmp_path):
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     logs = []
     trainer = Trainer(demo_scene, small_sizes_config(budget_seconds=3.0),
-                      RunOptions(out_dir=tmp_path, progress=False, log=logs.append))
-    trainer.run()
+                      SessionOptions(out_dir=tmp_path, progress=False, log=logs.append))
+    trainer.train()
     planned = [line for line in logs if "a step measured" in line]
     assert planned and "full size 128x96" in planned[0]
-    assert all(stage.seconds is not None for stage in trainer.run_progress.stages)
+    assert all(stage.seconds is not None for stage in trainer.work.stages)
     assert trainer.size_factor == 1 and trainer.elapsed >= 3.0 and not trainer.gaussians.antialiased
 
 
 def test_a_resumed_run_goes_on_at_the_size_it_stopped_at(demo_scene, tmp_path):
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     cfg = small_sizes_config(steps=40)
-    first = Trainer(demo_scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    first = Trainer(demo_scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     for _ in range(12):
-        first.run_step()
+        first.timed_step()
     assert 1 < first.size_factor < 4
-    second = Trainer(demo_scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    second = Trainer(demo_scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     second.load_state_dict({**first.state_dict(), "step": first.step})
     assert second.size_factor == first.size_factor and torch.equal(second.memory.errors, first.memory.errors)
     for trainer in (first, second):
         while trainer.progress() < 1.0:
-            trainer.run_step()
+            trainer.timed_step()
     assert torch.equal(first.gaussians.means, second.gaussians.means)
 
 
@@ -319,7 +319,7 @@ def test_small_sizes_trained_antialiased_do_not_alias_at_full_size(tmp_path):
     from turbogs.evaluate import evaluate_views
     from turbogs.training import trainer as trainer_module
     from turbogs.training.config import get_preset
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     scene = load_scene(small_demo(tmp_path, views=32), eval_split=True, log=quiet)
     scores = {}
@@ -328,10 +328,22 @@ def test_small_sizes_trained_antialiased_do_not_alias_at_full_size(tmp_path):
         for antialiased in (True, False):
             cfg = get_preset("turbo")
             cfg.coarse_to_fine.antialiased_small = antialiased
-            trainer = Trainer(scene, cfg.for_run(steps=300), RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+            trainer = Trainer(scene, cfg.for_run(steps=300), SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
             while trainer.progress() < 1.0:
-                trainer.run_step()
+                trainer.timed_step()
             assert trainer.size_factor == 1 and not trainer.gaussians.antialiased  # viewed as a classic renderer would
             scores[antialiased] = evaluate_views(trainer.gaussians, scene.test, trainer.background,
                                                  lpips_note=False)["mean"]["psnr"]
     assert scores[True] >= scores[False] + 0.3, scores
+
+
+def test_the_memory_estimate_counts_a_smaller_size_beside_the_full_one(demo_scene):
+    """The views of the largest smaller size (half: a quarter of the pixels) live beside the
+    full-size images while coarse to fine trains."""
+    from turbogs.training.config import get_preset
+    from turbogs.training.preflight import FLOAT_BYTES, estimate_memory
+
+    cpu = torch.device("cpu")
+    without = estimate_memory(demo_scene, get_preset("turbo+no-coarse-to-fine"), cpu).images
+    train = sum(c.width * c.height * 3 for c in demo_scene.train) * FLOAT_BYTES
+    assert estimate_memory(demo_scene, get_preset("turbo"), cpu).images == without + train // 4

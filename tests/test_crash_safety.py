@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from test_cli import small_demo
 
@@ -18,7 +19,7 @@ from turbogs.data.load import load_scene
 from turbogs.training import checkpoint
 from turbogs.training.config import get_preset
 from turbogs.training.outdir import exclusive_output
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 # Long enough that the kill, at most 1.5 s after the first checkpoint (at 0.5 s), lands in training:
@@ -53,19 +54,19 @@ def test_turbo_state_round_trip_resumes_bit_for_bit(tmp_path):
     scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=quiet)
     cfg = get_preset("turbo").for_run(steps=24)
     cfg.density.densify_every = 5
-    options = RunOptions(out_dir=tmp_path, progress=False, log=quiet)
+    options = SessionOptions(out_dir=tmp_path, progress=False, log=quiet)
     whole = Trainer(scene, cfg, options)
     while whole.progress() < 1.0:
-        whole.run_step()
+        whole.timed_step()
     first = Trainer(scene, cfg, options)
     for _ in range(11):
-        first.run_step()
+        first.timed_step()
     path = checkpoint.save_checkpoint(tmp_path / "ckpt", first.step, first.state_dict())
     torch.manual_seed(12345)  # the global RNG state must come from the checkpoint, not the process
     resumed = Trainer(scene, cfg, options)
     resumed.load_state_dict(torch.load(path, weights_only=False))
     while resumed.progress() < 1.0:
-        resumed.run_step()
+        resumed.timed_step()
     for name, value in whole.gaussians.raw().items():
         assert torch.equal(value, resumed.gaussians.raw()[name]), name
 
@@ -77,10 +78,10 @@ def test_a_checkpoint_from_before_a_density_statistic_existed_resumes_with_it_at
     scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=quiet)
     cfg = get_preset("turbo").for_run(steps=24)
     cfg.density.densify_every = 5
-    options = RunOptions(out_dir=tmp_path, progress=False, log=quiet)
+    options = SessionOptions(out_dir=tmp_path, progress=False, log=quiet)
     first = Trainer(scene, cfg, options)
     for _ in range(7):
-        first.run_step()
+        first.timed_step()
     state = torch.load(checkpoint.save_checkpoint(tmp_path / "ckpt", first.step, first.state_dict()), weights_only=False)
     state["density"] = {k: v for k, v in state["density"].items() if k != "fade"}
     resumed = Trainer(scene, cfg, options)
@@ -88,7 +89,7 @@ def test_a_checkpoint_from_before_a_density_statistic_existed_resumes_with_it_at
     assert torch.equal(resumed.density_state["fade"], torch.zeros(len(resumed.gaussians)))
     assert torch.equal(resumed.density_state["blame"], first.density_state["blame"])
     while resumed.progress() < 1.0:
-        resumed.run_step()
+        resumed.timed_step()
     assert all(len(value) == len(resumed.gaussians) for value in resumed.density_state.values())
 
 
@@ -97,6 +98,7 @@ def train_args(scene: Path, out: Path, *extra: str):
             "--steps", str(STEPS), "--eval", "--seed", "1", "--quiet", "--threads", "1", *extra]
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path):
     scene = small_demo(tmp_path, views=8)
     env = {**os.environ, "PYTHONPATH": str(REPO)}

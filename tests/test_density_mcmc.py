@@ -12,7 +12,6 @@ from test_cli import small_demo
 from test_density import make_gaussians
 
 from turbogs.cli import main
-from turbogs.density import rows
 from turbogs.density.base import DensityStep
 from turbogs.density.mcmc import MAX_COPIES, McmcDensity, McmcDensityConfig, relocation_values
 from turbogs.errors import InputError

@@ -77,7 +77,7 @@ def test_two_ranks_plan_the_same_sizes_in_a_budget_run(tmp_path):
     captures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(captures)
     scene = captures.make_capture("phone", str(tmp_path))
-    result = turbogs("train", scene, "--nproc", 2, "--budget-seconds", 20, "--quiet", "--out", tmp_path / "ranks")
+    result = turbogs("train", scene, "--nproc", 2, "--budget-seconds", 20, "--eval", "--quiet", "--out", tmp_path / "ranks")
     assert result.returncode == 0, result.stderr
     sizes = json.loads((tmp_path / "ranks" / "results.json").read_text())["training_sizes"]
     assert len(sizes) > 1 and sizes[0]["factor"] > 1 and sizes[-1]["factor"] == 1, sizes
@@ -273,13 +273,13 @@ def test_a_resumed_run_takes_its_own_optimizer_settings_not_the_checkpoints(tmp_
     from test_cli import small_demo
 
     from turbogs.data.load import load_scene
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     scene = load_scene(small_demo(tmp_path, views=4), eval_split=False, log=lambda message: None)
-    options = RunOptions(out_dir=tmp_path, progress=False, log=lambda message: None)
+    options = SessionOptions(out_dir=tmp_path, progress=False, log=lambda message: None)
     first = Trainer(scene, get_preset("3dgs").for_run(steps=20), options)
     for _ in range(3):
-        first.run_step()
+        first.timed_step()
     state = {**first.state_dict(), "step": first.step}  # what checkpoint.save_checkpoint writes
     cfg = get_preset("3dgs")
     cfg.batch_views, cfg.batch_lr_rule = 2, "grendel"
@@ -335,14 +335,14 @@ class StopButton:
 
 def _stop_from_the_viewer(rank: int, init_file: str, out: str, results) -> None:
     from turbogs.data.load import load_scene
-    from turbogs.training.run import train
-    from turbogs.training.trainer import RunOptions
+    from turbogs.training.session import train
+    from turbogs.training.trainer import SessionOptions
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     world = World(rank, 2, rank, "gloo")
     scene = load_scene(str(DEMO))
     cfg = get_preset("3dgs").for_run(50, world_size=2)
-    options = RunOptions(out_dir=Path(out), progress=False, evaluate=False, log=lambda message: None, world=world,
+    options = SessionOptions(out_dir=Path(out), progress=False, evaluate=False, log=lambda message: None, world=world,
                          viewer=StopButton() if rank == 0 else None)
     summary = train(scene, cfg, options)
     results[rank] = (summary["steps"], summary.get("stopped_by"))

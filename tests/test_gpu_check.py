@@ -128,6 +128,7 @@ def dry_run(script: Path, log_name: str, passing, carry: Path, tmp_path: Path, o
     return log + summary
 
 
+@pytest.mark.slow
 def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
     log = dry_run(BUILD, "build.log", ("environment", "carry", "install", "cuda tests"), fake_carry, tmp_path, "build")
     build_out = tmp_path / "build"
@@ -165,6 +166,7 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
         assert len(files) <= 8 and all(len(p.relative_to(folder).parts) <= 2 for p in files)
 
 
+@pytest.mark.slow
 def test_check_builds_first_on_a_machine_call_1_did_not_prepare(fake_carry, tmp_path):
     """A fresh machine for call 2 (the warm one was given back): it installs before the bench."""
     log = dry_run(CHECK, "check.log", ("ready", "bench"), fake_carry, tmp_path, "check",

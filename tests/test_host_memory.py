@@ -27,15 +27,15 @@ torch.set_num_threads(1)
 kernels.use_torch_twins(True)
 from turbogs.training.config import get_preset
 from turbogs.data.load import load_scene
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 with tempfile.TemporaryDirectory() as out:
     trainer = Trainer(load_scene(sys.argv[1]), get_preset("turbo").for_run(steps=400),
-                      RunOptions(out_dir=out, progress=False, log=lambda message: None))
+                      SessionOptions(out_dir=out, progress=False, log=lambda message: None))
     for _ in range(10):
-        trainer.run_step()
+        trainer.timed_step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(10):
-        trainer.run_step()
+        trainer.timed_step()
     print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 

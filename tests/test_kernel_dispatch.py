@@ -21,7 +21,7 @@ from turbogs.kernels import raster_cpu, raster_gsplat, turbo_cuda, turbo_torch
 from turbogs.render import render
 from turbogs.tiles import sampled_pixels
 from turbogs.training.config import get_preset
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_alpha_is_zero_outside_the_rendered_tiles():
 def test_warm_up_changes_nothing(tmp_path, preset):
     """The untimed warm-up before the clock (run on CUDA) leaves every state as it found it."""
     scene = load_scene(small_demo(tmp_path / "scene", views=6), eval_split=True, log=lambda *_: None)
-    trainer = Trainer(scene, get_preset(preset).for_run(steps=10), RunOptions(out_dir=tmp_path / "out", progress=False))
+    trainer = Trainer(scene, get_preset(preset).for_run(steps=10), SessionOptions(out_dir=tmp_path / "out", progress=False))
     before = {k: v.detach().clone() for k, v in trainer.gaussians.params.items()}
     generator, rng = trainer.generator.get_state(), torch.get_rng_state()
     memory = None if trainer.memory is None else trainer.memory.errors.clone()

@@ -10,8 +10,8 @@ from turbogs.data.load import load_scene
 from turbogs.errors import TurboGSError
 from turbogs.training import checkpoint
 from turbogs.training.config import get_preset
-from turbogs.training.run import train
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.session import train
+from turbogs.training.trainer import SessionOptions, Trainer
 
 
 def quiet(*_):
@@ -53,17 +53,17 @@ def poison(monkeypatch, bad_steps, how):
 @pytest.mark.parametrize("how", ["loss", "gradient"])
 def test_a_non_finite_step_is_skipped_and_counted(scene, tmp_path, monkeypatch, how):
     poison(monkeypatch, {2}, how)
-    trainer = Trainer(scene, get_preset("3dgs").for_run(steps=10), RunOptions(out_dir=tmp_path, progress=False, log=quiet))
-    trainer.run_step()
-    trainer.run_step()
+    trainer = Trainer(scene, get_preset("3dgs").for_run(steps=10), SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
+    trainer.timed_step()
+    trainer.timed_step()
     before = {k: v.clone() for k, v in trainer.gaussians.raw().items()}
-    trainer.run_step()  # the poisoned one
+    trainer.timed_step()  # the poisoned one
     trainer.read_device_figures()  # the count lives on the device until read
     assert trainer.stats.skipped_steps == 1 and trainer.bad_streak == 1
     for name, value in trainer.gaussians.raw().items():
         assert torch.equal(value, before[name]), name
     assert all(p.grad is None for p in trainer.gaussians.params.values())
-    trainer.run_step()
+    trainer.timed_step()
     trainer.read_device_figures()
     assert trainer.bad_streak == 0 and trainer.stats.skipped_steps == 1
     assert not torch.equal(trainer.gaussians.raw()["means"], before["means"])
@@ -77,12 +77,12 @@ def test_too_many_bad_steps_stop_the_run_and_keep_a_good_checkpoint(scene, tmp_p
     cfg = get_preset("3dgs").for_run(steps=40)
     cfg.checkpoint_every_steps = 2
     with pytest.raises(TurboGSError, match="training diverged: 3 steps in a row"):
-        train(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
+        train(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
     kept = checkpoint.list_checkpoints(tmp_path)
     assert kept, "no checkpoint was kept"
     state = checkpoint.load_latest_checkpoint(tmp_path, warn=quiet)
     assert state["step"] <= first_bad + 3
     assert all(torch.isfinite(v).all() for v in state["params"].values())
-    resumed = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    resumed = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     resumed.load_state_dict(state)  # and it loads into a trainer
     assert resumed.step == state["step"]

@@ -41,6 +41,7 @@ def test_the_wheel_ships_every_package_of_the_tree(installed):
     assert in_tree and in_tree | {Path("viewer")} <= shipped, sorted(map(str, in_tree - shipped))
 
 
+@pytest.mark.slow
 def test_the_installed_package_trains_exports_evaluates_renders_and_views(installed, tmp_path):
     """The commands a user runs, from a folder outside the checkout, on a copy of the demo capture."""
     scene, model = tmp_path / "demo", tmp_path / "model"

@@ -14,7 +14,7 @@ from turbogs.data.load import load_scene
 from turbogs.render import render
 from turbogs.tiles import sampled_pixel_values
 from turbogs.training.config import get_preset
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 from turbogs.training.views import TrainingViews, can_pad
 
 
@@ -42,7 +42,7 @@ def test_can_pad_keeps_tile_grids_and_bounds_the_waste():
 
 def test_turbo_steps_read_nothing_with_two_view_sizes(scene, tmp_path):
     cfg = get_preset("turbo").for_run(steps=300)
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
     assert trainer.train_views.stacked and trainer.train_views.padded
     counter = OpCounter()
     observer = AuditObserver(counter)
@@ -54,7 +54,7 @@ def test_turbo_steps_read_nothing_with_two_view_sizes(scene, tmp_path):
             observer.density_stats = None
             batched = host_read.reads_so_far()
             with counter.in_section("step"):
-                trainer.run_step()
+                trainer.timed_step()
             if not (observer.density_stats and observer.density_stats.get("densified")):
                 reads.append({**counter.reads, "tolist": host_read.reads_so_far() - batched})
     assert reads and all(not any(r.values()) for r in reads), reads
@@ -86,7 +86,7 @@ def test_padding_contributes_nothing(scene, tmp_path):
     gradients of the same view picked by its int (true size, no padding), whatever the
     padding holds (bit for bit between fills)."""
     cfg = get_preset("turbo").for_run(steps=100)
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, evaluate=False, log=quiet))
     views = trainer.train_views
     small = 0
     keep_in_view(trainer, views.cameras[small])

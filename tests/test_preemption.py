@@ -22,10 +22,10 @@ from turbogs.cli import main
 from turbogs.data.load import load_scene
 from turbogs.distributed.world import LOCAL
 from turbogs.formats import model_folder
-from turbogs.training import checkpoint, run
+from turbogs.training import checkpoint, session
 from turbogs.training.config import get_preset
 from turbogs.training.stop import REPEAT_WINDOW_SECONDS, QuitNow, StopAgreement, StopSignals
-from turbogs.training.trainer import RANKS_READ_EVERY, RunOptions
+from turbogs.training.trainer import RANKS_READ_EVERY, SessionOptions
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -102,8 +102,8 @@ def train_in_process(scene_dir: Path, out: Path, steps: int, viewer=None, resume
     scene = load_scene(str(scene_dir), eval_split=True, log=quiet)
     cfg = get_preset("3dgs").for_run(steps)
     cfg.seed = 2
-    options = RunOptions(out_dir=out, progress=False, log=quiet, viewer=viewer, resume=resume)
-    return run.train(scene, cfg, options)
+    options = SessionOptions(out_dir=out, progress=False, log=quiet, viewer=viewer, resume=resume)
+    return session.train(scene, cfg, options)
 
 
 def test_a_signal_saves_the_step_it_came_in_and_resume_ends_bit_for_bit_equal(tmp_path):
@@ -212,6 +212,7 @@ def stopped_step(stdout: str, signame: str) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_process_saves_its_step_exits_143_and_resumes_to_the_same_model(tmp_path):
     scene = small_demo(tmp_path, views=8)
     whole = tmp_path / "whole"
@@ -313,8 +314,8 @@ def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous_files(fail
     disk = tmp_path / "disk"
     disk.mkdir()
     mounts("-t", "tmpfs", "-o", "size=32m", "tmpfs", disk)
-    monkeypatch.setattr(run, "MIN_FREE_BYTES", 0)  # the 200 MB the preflight asks for do not fit a small disk
-    monkeypatch.setattr(run, "disk_bytes_needed", lambda *args: 0)
+    monkeypatch.setattr(session, "MIN_FREE_BYTES", 0)  # the 200 MB the preflight asks for do not fit a small disk
+    monkeypatch.setattr(session, "disk_bytes_needed", lambda *args: 0)
     scene = small_demo(tmp_path, views=8)
     out = disk / "model"
     base = ["train", str(scene), "--out", str(out), "--preset", "3dgs", "--quiet"]

@@ -77,11 +77,11 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line(demo, tmp_path, capsys):
 
 def test_data_device_cpu_keeps_images_off_the_compute_device(demo, tmp_path):
     _, scene = demo
-    from turbogs.training.trainer import RunOptions
+    from turbogs.training.trainer import SessionOptions
 
-    trainer = Trainer(scene, get_preset("3dgs").for_run(steps=4), RunOptions(
+    trainer = Trainer(scene, get_preset("3dgs").for_run(steps=4), SessionOptions(
         out_dir=tmp_path, progress=False, log=quiet, data_device=torch.device("cpu")))
-    trainer.run_step()
+    trainer.timed_step()
     assert all(image.device.type == "cpu" for image in trainer.train_views.images)
 
 

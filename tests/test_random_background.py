@@ -11,7 +11,7 @@ from test_capture_kinds import captures, quiet
 from turbogs.data.load import load_scene
 from turbogs.render import render
 from turbogs.training.config import get_preset
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 from turbogs.training.views import TrainingViews, photo_alphas
 
 
@@ -92,9 +92,9 @@ def test_the_memory_estimate_counts_the_alphas(tmp_path):
 
     scene = load_scene(captures.make_capture("synthetic", str(tmp_path)), white_background=True, log=quiet)
     cpu = torch.device("cpu")
-    fixed = estimate_memory(scene, get_preset("turbo+fixed-background"), cpu).images
+    fixed = estimate_memory(scene, get_preset("turbo+fixed-background+no-coarse-to-fine"), cpu).images
     alphas = sum(c.width * c.height for c in scene.train) * FLOAT_BYTES
-    assert estimate_memory(scene, get_preset("turbo"), cpu).images == fixed + alphas
+    assert estimate_memory(scene, get_preset("turbo+no-coarse-to-fine"), cpu).images == fixed + alphas
 
 
 @pytest.mark.slow
@@ -108,11 +108,11 @@ def test_random_backgrounds_keep_the_background_empty(tmp_path):
     coverage = {}
     for random_background in (False, True):
         cfg = dataclasses.replace(get_preset("turbo"), random_background=random_background).for_run(steps=400)
-        trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path / str(random_background), progress=False,
+        trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path / str(random_background), progress=False,
                                                  log=quiet))
         assert (trainer.train_views.alphas is not None) == random_background
         while trainer.progress() < 1.0:
-            trainer.run_step()
+            trainer.timed_step()
         empty = [(camera, camera.alpha < 0.01) for camera in scene.test]
         with torch.no_grad():  # rendered on black: what shows there is the model's own opacity
             coverage[random_background] = sum(

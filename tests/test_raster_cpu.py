@@ -379,18 +379,18 @@ def test_the_trainer_builds_the_kernels_before_its_clock_starts(tmp_path, monkey
 
     from turbogs.data.load import load_scene
     from turbogs.training.config import get_preset
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     calls = []
     monkeypatch.setattr(raster_cpu, "load", lambda log=None: calls.append(log) or True)
     scene = load_scene(small_demo(tmp_path / "scene", views=4), log=lambda *_: None)
     trainer = Trainer(scene, get_preset("turbo").for_run(steps=5),
-                      RunOptions(out_dir=tmp_path / "out", progress=False, log=lambda message: None))
+                      SessionOptions(out_dir=tmp_path / "out", progress=False, log=lambda message: None))
     assert calls and calls[0] is trainer.log and trainer.elapsed == 0.0 and trainer.step == 0
     kernels.use_torch_twins(True)  # the twins asked for: nothing is built
     calls.clear()
     Trainer(scene, get_preset("turbo").for_run(steps=5),
-            RunOptions(out_dir=tmp_path / "out2", progress=False, log=lambda message: None))
+            SessionOptions(out_dir=tmp_path / "out2", progress=False, log=lambda message: None))
     assert calls == []
 
 

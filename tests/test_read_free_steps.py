@@ -134,21 +134,21 @@ def test_step_clock_uses_events_with_one_wait_per_read():
 
 
 def test_trainer_clock_settles_at_the_figures_read(tmp_path, monkeypatch):
-    """run_step never waits for the device; read_device_figures adds the events' correction."""
+    """timed_step never waits for the device; read_device_figures adds the events' correction."""
     from test_cli import small_demo
 
-    from turbogs.bench.run import BenchSettings, make_trainer, preset_config
+    from turbogs.bench.race import BenchSettings, make_trainer, preset_config
     from turbogs.data.load import load_scene
     from turbogs.training import trainer as train
 
     scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
     settings = BenchSettings(scene=tmp_path / "scene", presets=["3dgs"], out_dir=tmp_path / "out", log=lambda *_: None)
     trainer = make_trainer(scene, preset_config("3dgs", settings), settings)
-    monkeypatch.setattr(train, "synchronize", lambda device: pytest.fail("run_step waited for the device"))
+    monkeypatch.setattr(train, "synchronize", lambda device: pytest.fail("timed_step waited for the device"))
     FakeEvent.records = FakeEvent.waits = 0
     trainer.clock = StepClock(torch.device("cuda"), events=FakeEvent)
     for _ in range(3):
-        trainer.run_step()
+        trainer.timed_step()
     estimated = trainer.elapsed
     assert FakeEvent.waits == 0 and estimated > 0
     trainer.read_device_figures()

@@ -2,20 +2,19 @@
 (turbogs/training/progress.py), and the initial count fits what the run affords
 (turbogs/training/init_size.py)."""
 
-import math
 
 import pytest
 import torch
 
 from turbogs.data.scene import Camera, Scene
 from turbogs.training import init_size
-from turbogs.training.progress import RunProgress
+from turbogs.training.progress import WorkProgress
 
 
 def simulate(seconds_per_step, budget=100.0, steps=100_000):
-    """Run a RunProgress through a budget with the given pace per step (a function of the step
+    """Run a WorkProgress through a budget with the given pace per step (a function of the step
     number); return [(step, elapsed, progress)]."""
-    tracker, elapsed, step, seen = RunProgress(steps, budget), 0.0, 0, []
+    tracker, elapsed, step, seen = WorkProgress(steps, budget), 0.0, 0, []
     while True:
         progress = tracker.at(step, elapsed)
         seen.append((step, elapsed, progress))
@@ -26,7 +25,7 @@ def simulate(seconds_per_step, budget=100.0, steps=100_000):
 
 
 def test_a_step_run_is_its_fraction_of_steps():
-    tracker = RunProgress(200)
+    tracker = WorkProgress(200)
     assert [tracker.at(s, 1e6) for s in (0, 50, 200, 300)] == [0.0, 0.25, 1.0, 1.0]
 
 
@@ -58,10 +57,10 @@ def test_a_slower_pace_still_ends_the_schedules_with_the_budget():
 
 
 def test_progress_resumes_from_its_state():
-    first = RunProgress(10_000, 50.0)
+    first = WorkProgress(10_000, 50.0)
     for step in range(100):
         first.at(step, step * 0.1)
-    second = RunProgress(10_000, 50.0)
+    second = WorkProgress(10_000, 50.0)
     second.load_state_dict(first.state_dict())
     assert second.at(150, 15.0) == first.at(150, 15.0)
 
@@ -95,12 +94,12 @@ def test_a_budget_runs_bar_counts_seconds_of_the_budget_and_shows_the_step(tmp_p
 
     from turbogs.data.load import load_scene
     from turbogs.training.config import get_preset
-    from turbogs.training.trainer import RunOptions, Trainer
+    from turbogs.training.trainer import SessionOptions, Trainer
 
     scene = load_scene(small_demo(tmp_path, views=4), log=lambda message: None)
     trainer = Trainer(scene, get_preset("turbo").for_run(budget_seconds=1.5),
-                      RunOptions(out_dir=tmp_path / "out", progress=True, log=lambda message: None))
-    trainer.run()
+                      SessionOptions(out_dir=tmp_path / "out", progress=True, log=lambda message: None))
+    trainer.train()
     bar = capsys.readouterr().err
     assert "s of budget" in bar and "left]" in bar and f"step={trainer.step}" in bar
     assert "/2 s of budget" in bar and trainer.elapsed >= 1.5  # total shown rounded; the run used its budget

@@ -125,7 +125,7 @@ def test_a_3dgs_training_step_reads_nothing(tmp_path):
     from test_cli import small_demo
 
     from turbogs.bench.audit import audit_preset
-    from turbogs.bench.run import BenchSettings
+    from turbogs.bench.race import BenchSettings
     from turbogs.data.load import load_scene
 
     scene = load_scene(small_demo(tmp_path / "scene", views=3), eval_split=False, log=lambda *_: None)
@@ -199,7 +199,7 @@ def test_turbo_steps_read_nothing_and_density_steps_read_at_most_twice(tmp_path,
     from test_cli import small_demo
 
     from turbogs import host_read
-    from turbogs.bench.run import BenchSettings, make_trainer
+    from turbogs.bench.race import BenchSettings, make_trainer
     from turbogs.data.load import load_scene
     from turbogs.training.config import get_preset
 
@@ -219,7 +219,7 @@ def test_turbo_steps_read_nothing_and_density_steps_read_at_most_twice(tmp_path,
             curvature = trainer.cfg.optimizer.wants_curvature(trainer.step)
             before = host_read.reads_so_far()
             with counter.in_section("step"):
-                trainer.run_step()
+                trainer.timed_step()
             count = sum(counter.reads.values()) + host_read.reads_so_far() - before
             kind = "density" if observer.density_stats.get("densified") else "curvature" if curvature else "ordinary"
             reads[kind].append(count)

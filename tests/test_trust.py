@@ -29,7 +29,7 @@ from turbogs.errors import InputError, TurboGSError
 from turbogs.formats.model_folder import read_cfg_args
 from turbogs.training import checkpoint
 from turbogs.training.config import get_preset
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 
 def quiet(*_):
@@ -122,9 +122,9 @@ def test_an_old_format_checkpoint_still_resumes(tmp_path, capsys, preset):
     scene_dir = small_demo(tmp_path, views=4)
     out = tmp_path / "out"
     scene = load_scene(scene_dir, eval_split=False, log=quiet)
-    trainer = Trainer(scene, get_preset(preset).for_run(steps=12), RunOptions(out_dir=out, progress=False, log=quiet))
+    trainer = Trainer(scene, get_preset(preset).for_run(steps=12), SessionOptions(out_dir=out, progress=False, log=quiet))
     for _ in range(5):
-        trainer.run_step()
+        trainer.timed_step()
     path = checkpoint.checkpoint_dir(out) / "step_0000005.pt"
     path.parent.mkdir(parents=True)
     torch.save({"format": 1, "step": trainer.step, **trainer.state_dict()}, path)

@@ -8,7 +8,7 @@ from test_cli import DEMO, small_demo
 from turbogs.data.load import load_scene
 from turbogs.evaluate import evaluate_views
 from turbogs.training.config import OPTIMIZER_CONFIGS, get_preset
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 
 def quiet(*_):
@@ -23,14 +23,14 @@ def scene(tmp_path_factory):
 def test_sparse_error_guided_training_converges(scene, tmp_path):
     cfg = get_preset("turbo").for_run(steps=240)
     cfg.sampler.dense_until, cfg.sampler.sparse_from = 0.05, 0.2  # sparse for most of the run
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     before = evaluate_views(trainer.gaussians, scene.test, trainer.background, lpips_note=False)["mean"]["psnr"]
     rendered_fraction, first_pass_error = [], None
     while trainer.progress() < 1.0:
         pick = trainer.pick(trainer.progress())[0]  # the step's one view
         if pick.tile_mask is not None:
             rendered_fraction.append(float(pick.tile_mask.float().mean()))
-        trainer.run_step()
+        trainer.timed_step()
         if first_pass_error is None and trainer.memory.seen_fraction() == 1.0:
             first_pass_error = memory_mean(trainer.memory)
     after = evaluate_views(trainer.gaussians, scene.test, trainer.background, lpips_note=False)["mean"]["psnr"]
@@ -48,11 +48,11 @@ def memory_mean(memory) -> float:
 
 def test_turbo_checkpoint_restores_error_memory_and_sampler(scene, tmp_path):
     cfg = get_preset("turbo").for_run(steps=30)
-    first = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    first = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     for _ in range(15):
-        first.run_step()
+        first.timed_step()
     state = {**first.state_dict(), "step": first.step}
-    second = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    second = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     second.load_state_dict(state)
     assert torch.equal(second.memory.errors, first.memory.errors)
     (a,), (b,) = first.pick(0.5), second.pick(0.5)
@@ -64,10 +64,10 @@ def test_optimizers_run_in_the_loop_and_survive_densification(scene, tmp_path, o
     cfg = get_preset("turbo").for_run(steps=60)
     cfg.optimizer = OPTIMIZER_CONFIGS[optimizer]()
     cfg.density.densify_every = 10
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     start = len(trainer.gaussians)
     while trainer.progress() < 1.0:
-        trainer.run_step()
+        trainer.timed_step()
     assert len(trainer.gaussians) != start  # density control changed the rows under the optimizer
     assert trainer.stats.skipped_steps == 0
     for name, opt in trainer.optimizers.items():
@@ -98,7 +98,7 @@ def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, t
     lengthen its Newton steps (it cost 1.3 dB on test_colmap)."""
     cfg = get_preset("turbo+optimizer-hybrid").for_run(steps=30)
     cfg.optimizer.hessian_every = 1
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     means = trainer.optimizers["means"]
     folds = []
 
@@ -110,7 +110,7 @@ def test_hybrid_in_the_loop_curves_the_means_of_rendered_gaussians_only(scene, t
 
     fold_in, means.update_hessian = means.update_hessian, recording_update
     while trainer.progress() < 1.0:
-        trainer.run_step()
+        trainer.timed_step()
     assert len(folds) == 30
     unseen_rows = 0
     for visible, before, after in folds:
@@ -137,9 +137,9 @@ def test_turbo_beats_3dgs_at_the_same_small_step_budget():
     psnr = {}
     for preset in ("turbo", "3dgs"):
         cfg = get_preset(preset).for_run(steps=150)
-        trainer = Trainer(demo, cfg, RunOptions(out_dir=None, progress=False, log=quiet))
+        trainer = Trainer(demo, cfg, SessionOptions(out_dir=None, progress=False, log=quiet))
         while trainer.step < cfg.steps:
-            trainer.run_step()
+            trainer.timed_step()
         psnr[preset] = evaluate_views(trainer.gaussians, demo.test, trainer.background, lpips_note=False)["mean"]["psnr"]
     assert psnr["turbo"] > psnr["3dgs"], psnr
 
@@ -151,10 +151,10 @@ def test_density_stats_reach_the_progress_bar_and_the_viewer(scene, tmp_path):
 
     cfg = get_preset("turbo").for_run(steps=30)
     cfg.density.densify_every = 10
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=tmp_path, progress=False, log=quiet))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=tmp_path, progress=False, log=quiet))
     start = len(trainer.gaussians)
     while trainer.progress() < 1.0:
-        trainer.run_step()
+        trainer.timed_step()
     stats = trainer.progress_stats()
     assert stats["grown"] > 0 and stats["budget"] >= len(trainer.gaussians)
     assert len(trainer.gaussians) == start + stats["grown"] - stats["pruned"]  # split_into 2: a split adds one row

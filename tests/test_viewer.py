@@ -20,7 +20,7 @@ from turbogs.viewer.cameras import read_cameras_json
 from turbogs.viewer.heatmap import error_overlay
 from turbogs.viewer.model_files import load_model
 from turbogs.viewer.server import find_free_port
-from turbogs.viewer.server_render import (
+from turbogs.viewer.gpu_render import (
     camera_from_viewer,
     gaussians_from_params,
     maybe_add_server_rendering,

@@ -6,7 +6,7 @@
 """
 
 from .live import LiveViewer
-from .serve import serve_model
+from .saved_model import serve_model
 from .server import ViewerServer
 
 __all__ = ["LiveViewer", "ViewerServer", "serve_model"]

@@ -7,7 +7,7 @@ import sys
 
 from turbogs.errors import TurboGSError
 
-from .serve import serve_model
+from .saved_model import serve_model
 
 
 def main(argv=None) -> int:

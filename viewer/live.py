@@ -28,7 +28,7 @@ from turbogs.gaussians import sh_degree_from_coeffs
 from .cameras import ViewCamera, cameras_from_scene
 from .heatmap import error_overlay
 from .server import Log, ViewerServer
-from .server_render import maybe_add_server_rendering
+from .gpu_render import maybe_add_server_rendering
 from .splats import splats_from_params
 
 # Sending the Gaussians costs ~32 bytes each per browser; above this many, splat pushes

@@ -141,7 +141,7 @@ class ViewerServer:
         log(f"viewer: open {self.url} in a browser")
 
         self.cameras: List[ViewCamera] = []
-        self.model = None  # the LoadedModel when serving a model folder (turbogs.viewer.serve)
+        self.model = None  # the LoadedModel when serving a model folder (turbogs.viewer.saved_model)
         self.renderer = None  # the ServerRenderer when CUDA offers server-side rendering
         self.splats_handle = None
         self.scene_center = np.zeros(3)

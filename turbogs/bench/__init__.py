@@ -36,7 +36,7 @@ every step and evaluation (the kernel's own peak, VmHWM, cannot be reset between
 presets). On the CPU it is approximate: memory freed by an earlier preset can be reused
 by the allocator without showing as growth.
 
-Modules: run.py (the runs, timed and metered), report.py (time to PSNR, speedups,
+Modules: race.py (the presets run one after another, timed and metered), report.py (time to PSNR, speedups,
 bench.md), plot.py (psnr_vs_time.png), settings.py (--set), scenes.py (the scene form),
 counts.py (the Gaussian count over a run), step_cost.py (--step-cost), step_trainer.py (a trainer
 placed inside a run, for single-step measurements), audit.py (--step-audit); the flags are
@@ -45,7 +45,7 @@ turbogs/cli/bench.py.
 
 from turbogs.bench.plot import CURVE_COLORS, PLOT_SIZE, draw_psnr_plot, nice_ticks
 from turbogs.bench.report import PSNR_TOLERANCE_DB, markdown_report, speedups, time_to_psnr
-from turbogs.bench.run import BenchSettings, parse_presets, run_bench, split_steps
+from turbogs.bench.race import BenchSettings, parse_presets, race_presets, split_steps
 from turbogs.bench.scenes import SceneSpec, parse_scene_spec
 from turbogs.bench.settings import apply_settings, config_record
 from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_step_cost
@@ -53,6 +53,6 @@ from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_
 __all__ = [
     "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "SceneSpec", "apply_settings",
     "config_record", "draw_psnr_plot", "markdown_report", "nice_ticks", "parse_presets", "parse_scene_spec",
-    "random_tile_mask", "replicated_gaussians", "run_bench", "run_step_cost", "speedups", "split_steps",
+    "random_tile_mask", "replicated_gaussians", "race_presets", "run_step_cost", "speedups", "split_steps",
     "time_to_psnr",
 ]

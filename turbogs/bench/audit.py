@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from turbogs import host_read
-from turbogs.bench.run import BenchSettings, base_config, load_bench_scene, machine_info, make_trainer
+from turbogs.bench.race import BenchSettings, base_config, load_bench_scene, machine_info, make_trainer
 from turbogs.fileio import atomic_write_json
 from turbogs.training.observer import StepObserver
 from turbogs.training.outdir import check_output_dir
@@ -212,7 +212,7 @@ def audit_preset(name: str, scene, settings: BenchSettings, steps: int,
             observer.density_stats = None
             batched_before = host_read.reads_so_far()
             with counter.in_section("step"):
-                trainer.run_step()
+                trainer.timed_step()
             record = {"ops": counter.ops, "cuda_estimate_ops": counter.cuda_estimate_ops, "reads": dict(counter.reads)}
             if host_read.reads_so_far() > batched_before:  # .tolist() runs no op on the CPU: counted apart
                 record["reads"][BATCHED_READ] = host_read.reads_so_far() - batched_before

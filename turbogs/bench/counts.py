@@ -17,7 +17,7 @@ from turbogs.training.observer import StepObserver
 
 class GaussianCounts(StepObserver):
     """Install as `trainer.observer`; call `after_step(trainer.step, trainer.elapsed)` after each
-    `run_step()`. `events` holds the start and every step that densified or changed the count:
+    `timed_step()`. `events` holds the start and every step that densified or changed the count:
     step, training seconds, the count after it and the strategy's own n_* counts (cloned, split,
     pruned, relocated...); `peak` is the largest count reported."""
 

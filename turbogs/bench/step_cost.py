@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from turbogs import kernels
-from turbogs.bench.run import BenchSettings, base_config, load_bench_scene, machine_info
+from turbogs.bench.race import BenchSettings, base_config, load_bench_scene, machine_info
 from turbogs.bench.step_trainer import RUN_STEPS, trainer_at, without_points
 from turbogs.fileio import atomic_write_json, atomic_write_text
 from turbogs.gaussians import Gaussians
@@ -139,7 +139,7 @@ def run_step_cost(settings: BenchSettings, repeats: int = 7, num_gaussians: Opti
                     for p in PROFILE_PROGRESS}
         write_profile(settings.out_dir / "profile.txt", lambda f: one_step(camera, camera.image.to(device), masks[f]),
                       device, f"{len(gaussians)} Gaussians, {camera.width}x{camera.height} px",
-                      whole_steps={what: trainer.run_step for what, trainer in trainers.items()})
+                      whole_steps={what: trainer.timed_step for what, trainer in trainers.items()})
     settings.log(f"step cost on {device}, {len(gaussians)} Gaussians, {result['image_size'][0]}x"
                  f"{result['image_size'][1]} px, median of {repeats}:")
     for f in STEP_COST_FRACTIONS:

@@ -21,7 +21,7 @@ import torch
 
 from turbogs.data.scene import Scene
 from turbogs.training.config import TrainConfig
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 RUN_STEPS = 1000  # the schedules' length; `progress` places the step in it
 
@@ -41,6 +41,6 @@ def trainer_at(scene: Scene, cfg: TrainConfig, count: int, progress: float, out_
     if scene.points is not None:
         raise ValueError("trainer_at starts from ray points: pass without_points(scene)")
     cfg = dataclasses.replace(cfg, init_random_points=count).for_run(steps=RUN_STEPS)
-    trainer = Trainer(scene, cfg, RunOptions(out_dir=out_dir, device=device, evaluate=False, progress=False, log=log))
+    trainer = Trainer(scene, cfg, SessionOptions(out_dir=out_dir, device=device, evaluate=False, progress=False, log=log))
     trainer.step = int(progress * RUN_STEPS)
     return trainer

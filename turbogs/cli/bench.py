@@ -9,7 +9,7 @@ from pathlib import Path
 from turbogs import kernels
 from turbogs.bench.audit import run_step_audit
 from turbogs.bench.report import PSNR_TOLERANCE_DB
-from turbogs.bench.run import BenchSettings, parse_presets, run_bench
+from turbogs.bench.race import BenchSettings, parse_presets, race_presets
 from turbogs.bench.scenes import parse_scene_spec
 from turbogs.bench.step_cost import run_step_cost
 from turbogs.cli.args import add_device, add_torch_twins, positive_float, positive_int, resolution_arg
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         run_step_cost(settings, repeats=args.step_cost_repeats, num_gaussians=args.step_cost_gaussians,
                       profile=args.step_cost_profile)
         return 0
-    result = run_bench(settings)
+    result = race_presets(settings)
     for name, entry in result["presets"].items():
         final = entry["points"][-1]
         print(f"{name}: PSNR {final['psnr']:.2f} dB, SSIM {final['ssim']:.4f} after {entry['train_seconds']:.1f} s "

@@ -206,9 +206,9 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
     from turbogs import kernels
     from turbogs.data.load import load_scene
     from turbogs.training.config import get_preset
-    from turbogs.training.run import train
+    from turbogs.training.session import train
     from turbogs.training.stop import signal_exit_code
-    from turbogs.training.trainer import RunOptions
+    from turbogs.training.trainer import SessionOptions
 
     kernels.use_torch_twins(args.torch_twins)
     cfg = get_preset(args.preset)
@@ -249,7 +249,7 @@ def train_as_rank(args: argparse.Namespace, world, device, out_dir: Path) -> int
 
         viewer = LiveViewer(scene.train, host=args.host, port=args.port, control=args.viewer_control,
                             antialiased=cfg.antialiased)
-    options = RunOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
+    options = SessionOptions(out_dir=out_dir, device=device, resume=args.resume, overwrite=args.overwrite,
                          evaluate=True, progress=not args.quiet, images=args.images,
                          resolution=args.resolution or -1, eval_split=args.eval, viewer=viewer,
                          data_device=None if args.data_device == "auto" else torch.device(args.data_device),

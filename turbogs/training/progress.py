@@ -33,7 +33,7 @@ from turbogs.training.coarse_to_fine import Stage
 PACE_SMOOTHING = 0.05  # weight of the newest step in the running seconds-per-step average
 
 
-class RunProgress:
+class WorkProgress:
     """`at(step, elapsed)`: the run's progress in [0, 1] after `step` steps and `elapsed`
     training seconds. Call it with non-decreasing figures (every rank with the same ones:
     its state then stays the same on every rank); it learns the pace from them.

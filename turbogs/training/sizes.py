@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 
 from turbogs.training.coarse_to_fine import Stage, describe, downscaled_size, plan_stages
 from turbogs.training.config import TrainConfig
-from turbogs.training.progress import RunProgress
+from turbogs.training.progress import WorkProgress
 from turbogs.training.step_costs import StepCosts
 from turbogs.training.views import TrainingViews
 
@@ -28,7 +28,7 @@ def run_stages(cfg: TrainConfig, full_views: TrainingViews) -> List[Stage]:
 
 
 class TrainingSizes:
-    def __init__(self, cfg: TrainConfig, full_views: TrainingViews, progress: RunProgress):
+    def __init__(self, cfg: TrainConfig, full_views: TrainingViews, progress: WorkProgress):
         self.cfg, self.full_views, self.progress = cfg, full_views, progress
         self.step_costs: Optional[StepCosts] = None  # a budget run's, measured at its first step
         camera = full_views.cameras[0]

@@ -10,7 +10,7 @@ views each (turbogs/distributed/multiview.py says how the views are shared out a
 
 Around it: learning-rate and SH schedules, a progress bar, and checkpoints by wall
 clock (so a killed run can `--resume`). SIGTERM, Ctrl-C and the viewer's Stop end the loop
-early, at a step every rank agrees on (training/stop.py). training/run.py then writes the model
+early, at a step every rank agrees on (training/stop.py). training/session.py then writes the model
 in INRIA's layout and evaluates it on the test views.
 """
 
@@ -39,15 +39,15 @@ from turbogs.training.appearance import Appearance, load_appearance
 from turbogs.training.bar import TrainingBar
 from turbogs.training.clock import StepClock, synchronize, timed
 from turbogs.training.config import TrainConfig
-from turbogs.training.dense_loss import photometric_loss
 from turbogs.training.observer import StepObserver
-from turbogs.training.progress import RunProgress
+from turbogs.training.progress import WorkProgress
 from turbogs.training.running_stats import RunningStats
 from turbogs.training.sizes import TrainingSizes, run_stages
 from turbogs.training.start import initial_gaussians, make_optimizers
 from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
 from turbogs.training.views import TrainingViews, ViewOrder, photo_alphas
 from turbogs.turbo import ErrorMemory, TileLoss, TileSample, TileSampler
+from turbogs.turbo.losses import photometric_loss
 
 MAX_BAD_STEPS = 50  # consecutive non-finite steps before giving up
 BAR_REFRESH_SECONDS = 0.5  # the progress bar's figures are read from the device this often
@@ -60,7 +60,7 @@ OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 @dataclass
-class RunOptions:
+class SessionOptions:
     """Where and how to run, as opposed to *what* to train (TrainConfig)."""
 
     out_dir: Path
@@ -94,9 +94,9 @@ def means_lr(progress: float, cfg: TrainConfig, extent: float) -> float:
 
 
 class Trainer:
-    """Holds the state of one run; `run()` is the loop."""
+    """Holds the state of one run; `train()` is the loop."""
 
-    def __init__(self, scene: Scene, cfg: TrainConfig, options: RunOptions):
+    def __init__(self, scene: Scene, cfg: TrainConfig, options: SessionOptions):
         if not scene.train:
             raise TurboGSError(f"{scene.source_path}: no training views")
         self.scene, self.cfg, self.options = scene, cfg, options
@@ -146,8 +146,8 @@ class Trainer:
         self.clock = StepClock(self.device)
         # Coarse to fine: the training sizes, their views made from the requested size's.
         stages = run_stages(cfg, self.train_views)
-        self.run_progress = RunProgress(cfg.steps, cfg.budget_seconds, stages)
-        self.sizes, self.size_factor = TrainingSizes(cfg, self.train_views, self.run_progress), 1
+        self.work = WorkProgress(cfg.steps, cfg.budget_seconds, stages)
+        self.sizes, self.size_factor = TrainingSizes(cfg, self.train_views, self.work), 1
         self.use_size(stages[0].factor)
         if cfg.coarse_to_fine.enabled:
             self.log(self.sizes.first_line())
@@ -155,7 +155,7 @@ class Trainer:
     def progress(self) -> float:
         """Fraction of the run done: of the steps, or, with a time budget, of the steps the
         budget will have made at the recent pace (training/progress.py)."""
-        return self.run_progress.at(self.step, self.elapsed)
+        return self.work.at(self.step, self.elapsed)
 
     # --- one step -----------------------------------------------------------------
     def train_step(self) -> None:
@@ -261,7 +261,7 @@ class Trainer:
             param.grad = None
         synchronize(self.device)
 
-    def run_step(self) -> float:
+    def timed_step(self) -> float:
         """One timed step: the training clock counts it, GPU work included (on CUDA by events,
         with no wait per step: the host's estimate until the figures are read; training/clock.py).
         A budget run with several sizes first measures a step's cost at its sizes, and plans them;
@@ -270,7 +270,7 @@ class Trainer:
             self.elapsed += timed(lambda: self.use_size(self.sizes.plan_budget(self._time_step, self.step,
                                                                                self.elapsed)), self.device)
             self.log(self.sizes.summary())
-        if self.run_progress.stage_over(self.step, self.elapsed):
+        if self.work.stage_over(self.step, self.elapsed):
             self.elapsed += timed(lambda: self.use_size(self.sizes.next_size(self.step, self.elapsed,
                                                                              self.progress())), self.device)
         self.clock.start()
@@ -365,7 +365,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "elapsed": self.elapsed,
-            "progress": self.run_progress.state_dict(),
+            "progress": self.work.state_dict(),
             "stats": self.stats.state_dict(),
             "appearance": None if self.appearance is None else self.appearance.state(),
         }
@@ -382,8 +382,8 @@ class Trainer:
                 loaded[key] = fresh.new_zeros((len(self.gaussians),) + tuple(fresh.shape[1:]))
         self.density_state = loaded
         self.views.load_state_dict(state["views"])
-        self.run_progress.load_state_dict(state.get("progress"))
-        self.use_size(self.run_progress.stage.factor)  # before the error memory: its tiles are this size's
+        self.work.load_state_dict(state.get("progress"))
+        self.use_size(self.work.stage.factor)  # before the error memory: its tiles are this size's
         if self.memory is not None:
             self.memory.load_state_dict(state["error_memory"])
             self.sampler.load_state_dict(state["sampler"])
@@ -400,10 +400,10 @@ class Trainer:
         checkpoint.save_checkpoint(self.options.out_dir, self.step, self.state_dict())
 
     # --- the loop -----------------------------------------------------------------
-    def run(self, signals: Optional[StopSignals] = None) -> Optional[StopRequest]:
+    def train(self, signals: Optional[StopSignals] = None) -> Optional[StopRequest]:
         """Train to the end, or to a stop every rank agreed on (a signal caught by `signals`, the
         viewer's Stop; training/stop.py), which it returns (also one that came too late to
-        shorten the run: it still decides the exit code). training/run.py then saves."""
+        shorten the run: it still decides the exit code). training/session.py then saves."""
         cfg, world = self.cfg, self.world
         last_checkpoint = last_refresh = time.perf_counter()
         bar = TrainingBar(cfg.steps, cfg.budget_seconds, self.options.progress and world.is_main, self.step,
@@ -419,7 +419,7 @@ class Trainer:
                     self.log(request.announce(self.step, world.size))
                     return request
                 try:
-                    self.run_step()
+                    self.timed_step()
                 except OUT_OF_MEMORY:
                     raise self._out_of_memory() from None
                 if world.size > 1 and self.step % CHECKSUM_EVERY == 0:
@@ -455,7 +455,7 @@ class Trainer:
 
     def _out_of_memory(self) -> TurboGSError:
         """Keep the work done so far, and say how to continue in less memory. The failed step
-        counted nothing (run_step raised before the step counter moved)."""
+        counted nothing (timed_step raised before the step counter moved)."""
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
@@ -484,7 +484,7 @@ class Trainer:
         self.read_device_figures(final=True)
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
                 "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
-                "antialiased": self.cfg.antialiased, "training_sizes": self.run_progress.trained(self.step, self.elapsed),
+                "antialiased": self.cfg.antialiased, "training_sizes": self.work.trained(self.step, self.elapsed),
                 "peak_gaussians": max(self.stats.peak_gaussians, len(self.gaussians)),
                 "backend": kernels.backend_name(self.device),
                 # steps count optimizer steps: views trained = steps x world_size x batch_views

@@ -1,4 +1,8 @@
-"""Tile-wise structure-aware loss over the sampled tiles only.
+"""The photometric losses: TurboGS's tile-wise structure-aware loss over the sampled tiles
+only (`TileLoss`), and the dense loss of 3DGS over every pixel of a view (`photometric_loss`:
+L1 and D-SSIM, what the 3dgs preset, and turbo without the error memory, train with).
+
+Tile-wise structure-aware loss over the sampled tiles only.
 
 Each sampled 16x16 tile i gets its own loss
 
@@ -41,6 +45,7 @@ from torch import Tensor
 
 from turbogs import kernels
 from turbogs.errors import TurboGSError
+from turbogs.metrics import ssim
 from turbogs.tiles import TILE_SIZE
 
 
@@ -113,3 +118,15 @@ class TileLoss:
             mask = mask.to(device=device, dtype=dtype)
         tile_ids = tile_ids.to(device=device, dtype=torch.int64)
         return kernels.tile_loss(render, gt, tile_ids, mask, self.config)
+
+
+def photometric_loss(image: Tensor, gt: Tensor, mask: Optional[Tensor], lambda_ssim: float) -> Tensor:
+    """INRIA's dense loss over every pixel of a view: (1 - l) * L1 + l * (1 - SSIM); masked-out
+    pixels are excluded from both terms."""
+    if mask is not None:
+        m = mask[..., None]
+        l1 = ((image - gt).abs() * m).sum() / (m.sum() * 3).clamp_min(1)
+        image, gt = image * m, gt * m
+    else:
+        l1 = (image - gt).abs().mean()
+    return (1 - lambda_ssim) * l1 + lambda_ssim * (1 - ssim(image, gt))

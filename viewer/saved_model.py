@@ -9,7 +9,7 @@ import numpy as np
 
 from .model_files import LoadedModel, load_model
 from .server import Log, ViewerServer
-from .server_render import maybe_add_server_rendering
+from .gpu_render import maybe_add_server_rendering
 from .splats import splats_from_params
 
 

@@ -1,5 +1,5 @@
-"""A training run from start to finish: memory and output-folder checks, the trainer (new or
-resumed from the newest checkpoint), the files SIBR wants before training, `Trainer.run`, then
+"""A training session from start to finish: memory and output-folder checks, the trainer (new or
+resumed from the newest checkpoint), the files SIBR wants before training, `Trainer.train`, then
 the checkpoint and the model, and the evaluation on the test views.
 
 With several ranks every rank calls `train`; rank 0 alone checks, locks and writes the output
@@ -28,10 +28,10 @@ from turbogs.training.config import TrainConfig
 from turbogs.training.outdir import MIN_FREE_BYTES, check_output_dir, exclusive_output
 from turbogs.training.preflight import check_memory, disk_bytes_needed
 from turbogs.training.stop import StopRequest, StopSignals
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 
-def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> None:
+def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: SessionOptions) -> None:
     """The files SIBR wants before training: cfg_args, cameras.json, input.ply."""
     out = Path(opt.out_dir)
     model.write_cfg_args(out, scene, cfg.sh_degree, opt.images, opt.resolution, opt.eval_split, cfg.antialiased)
@@ -41,7 +41,7 @@ def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> Non
         model.write_input_ply(out, scene.points, colors)
 
 
-def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
+def train(scene: Scene, cfg: TrainConfig, opt: SessionOptions) -> dict:
     """Train `scene` into `opt.out_dir`; returns the summary (and metrics when evaluated).
     With several ranks, every rank calls this; rank 0 checks and writes the output folder,
     and a failure on any rank before training stops every rank with one message."""
@@ -58,12 +58,12 @@ def train(scene: Scene, cfg: TrainConfig, opt: RunOptions) -> dict:
             trainer.log("warming up the CUDA kernels (untimed)")
             trainer.warm_up()
         with StopSignals() as signals:
-            request = trainer.run(signals)
+            request = trainer.train(signals)
             summary = save(trainer, request)
         return evaluate(trainer, summary, request)  # a signal now ends the process as usual: all is saved
 
 
-def prepare(scene: Scene, cfg: TrainConfig, opt: RunOptions, held: contextlib.ExitStack) -> Trainer:
+def prepare(scene: Scene, cfg: TrainConfig, opt: SessionOptions, held: contextlib.ExitStack) -> Trainer:
     """Check memory and the output folder (rank 0 locks it, in `held`), build the trainer, and
     resume it (every rank reads the same checkpoint) or start the model folder (rank 0)."""
     out, world = Path(opt.out_dir), opt.world

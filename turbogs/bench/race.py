@@ -28,7 +28,7 @@ from turbogs.evaluate import evaluate_views
 from turbogs.fileio import atomic_path, atomic_write_json, atomic_write_text
 from turbogs.training.config import TrainConfig, get_preset
 from turbogs.training.outdir import check_output_dir
-from turbogs.training.trainer import RunOptions, Trainer
+from turbogs.training.trainer import SessionOptions, Trainer
 
 WARMUP_STEPS = 3  # untimed steps before the first preset (see warm_up)
 
@@ -197,7 +197,7 @@ def preset_config(name: str, settings: BenchSettings) -> TrainConfig:
 
 
 def make_trainer(scene: Scene, cfg: TrainConfig, settings: BenchSettings) -> Trainer:
-    options = RunOptions(out_dir=settings.out_dir, device=settings.device, evaluate=False, progress=False,
+    options = SessionOptions(out_dir=settings.out_dir, device=settings.device, evaluate=False, progress=False,
                          log=settings.log)
     return Trainer(scene, cfg, options)
 
@@ -207,7 +207,7 @@ def warm_up(scene: Scene, settings: BenchSettings) -> None:
     (CUDA context and kernels, lazy imports, thread pools) in its time and memory."""
     trainer = make_trainer(scene, preset_config(settings.presets[0], settings), settings)
     for _ in range(WARMUP_STEPS):
-        trainer.run_step()
+        trainer.timed_step()
     del trainer
     release_memory(settings.device)
 
@@ -247,7 +247,7 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
     mixed = settings.mixed_sizing
     bar_share = 0 if budget is None else 0.0  # what this preset has advanced the bar by
     while trainer.progress() < 1.0:  # the trainer's own end: its steps, or its time budget
-        seconds = trainer.run_step()
+        seconds = trainer.timed_step()
         counts.after_step(trainer.step, trainer.elapsed)
         meter.sample()
         if mixed:
@@ -317,7 +317,7 @@ def load_bench_scene(settings: BenchSettings) -> Scene:
     return scene
 
 
-def run_bench(settings: BenchSettings) -> dict:
+def race_presets(settings: BenchSettings) -> dict:
     """Run every preset, write bench.json, bench.md and psnr_vs_time.png; return the result."""
     if settings.steps is None and settings.budget_seconds is None:
         raise InputError("bench: give --budget-seconds S or --steps N (or --step-cost)")
