@@ -2,7 +2,7 @@
 only (`TileLoss`), and the dense loss of 3DGS over every pixel of a view (`photometric_loss`:
 L1 and D-SSIM, what the 3dgs preset, and turbo without the error memory, train with).
 
-Tile-wise structure-aware loss over the sampled tiles only.
+The tile-wise loss:
 
 Each sampled 16x16 tile i gets its own loss
 
