@@ -140,7 +140,7 @@ def test_dry_runs_pass_on_cpu(fake_carry, tmp_path):
     # Only the two CUDA test files were collected (and skipped: no GPU here).
     pytest_log = (build_out / "pytest_cuda.log").read_text()
     assert "skipped" in pytest_log and "test_render_cuda.py" in pytest_log and "test_turbo_cuda.py" in pytest_log
-    assert "test_viewer" not in pytest_log and "test_bench" not in pytest_log
+    assert "tests/test_viewer" not in pytest_log and "tests/test_bench" not in pytest_log
     # The editable install went into the git-ignored GPU folder, where call 2 finds it.
     assert (tmp_path / "gpu" / "site" / "sitecustomize.py").is_file()
     assert list((tmp_path / "gpu" / "site").glob("__editable__*turbogs*.pth"))

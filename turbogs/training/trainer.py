@@ -293,12 +293,15 @@ class Trainer:
         self.gaussians.antialiased = self.cfg.antialiased or small
 
     def _time_step(self, factor: int) -> float:
-        """Seconds of one render, loss and backward at this size: the fastest of three (the first
-        pays for allocations, and a busy machine slows any one); rank 0's, so that every rank
-        plans the same sizes."""
+        """Seconds of one render, loss and backward at this size: the fastest of at least three
+        and of as many more as fit in a tenth of a second (the first pays for allocations, and a
+        busy machine slows some: a cheap step needs many tries to find one it did not); rank 0's,
+        so that every rank plans the same sizes."""
         views = self.train_views if factor == self.size_factor else self.sizes.views(factor)
-        return self.world.broadcast_float(min(timed(lambda: self._render_backward(views), self.device)
-                                              for _ in range(3)))
+        times = [timed(lambda: self._render_backward(views), self.device) for _ in range(3)]
+        while sum(times) < 0.1 and len(times) < 20:
+            times.append(timed(lambda: self._render_backward(views), self.device))
+        return self.world.broadcast_float(min(times))
 
     def apply_schedules(self, progress: float) -> None:
         """Position learning-rate decay and SH growth, both as functions of progress."""
