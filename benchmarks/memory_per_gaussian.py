@@ -7,10 +7,10 @@ code that allocates it:
 - gradients: one per parameter, alive from backward until the optimizer's zero_grad;
 - optimizer state: torch's Adam (exp_avg, exp_avg_sq) or turbogs/optim/hybrid.py's HybridOptimizer
   (exp_avg, exp_avg_sq, hessian shaped like each parameter, plus row_step and hessian_count,
-  one word per row of each of the six parameter tensors);
+  one word per row of each of the six parameter tensors, and the curvature cache of the curved ones);
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
   turbogs/density/error_driven.py (blame, weight, exposed, fade);
-- the optimizer step's transients (none for fused Adam; six shN-sized tensors in the hybrid);
+- the optimizer step's transients (none for fused Adam; three copies of the parameters in the hybrid);
 - the render step's transients (turbogs/render/__init__.py on the gsplat 1.5.3 kernels): an
   itemised *estimate*, per Gaussian, per (Gaussian, view) and per (Gaussian, tile).
 
@@ -27,6 +27,7 @@ from typing import Dict
 
 from turbogs.density.error_driven import PROBE_CHANNELS
 from turbogs.gaussians import PARAM_NAMES, num_sh_bases
+from turbogs.optim.hybrid import HybridConfig
 from turbogs.training.preflight import params_per_gaussian
 
 WORD = 4  # bytes of a float32 (and of an int32)
@@ -72,6 +73,13 @@ INTERSECTION_BYTES = 2 * (8 + 4)
 EXCHANGE_WORDS = (2 + 1 + 3 + 1 + 3 + PROBE_CHANNELS) + 2 + 2 * 2 + (2 + 1 + 3 + 1 + 3 + PROBE_CHANNELS)
 
 
+def curved_words() -> int:
+    """The hybrid's cache for each parameter it curves (its default `curvature_on`): the
+    bias-corrected curvature, shaped like the parameter, and one word per row (`lengthening`)."""
+    widths = {"means": 3, "scales": 3, "quats": 4, "opacities": 1, "sh0": 3}
+    return sum(widths[name] + 1 for name in HybridConfig().curvature_on)
+
+
 def persistent_words(sh_degree: int) -> Dict[str, int]:
     """Words per Gaussian that live for the whole run (gradients: from backward to step)."""
     p = params_per_gaussian(sh_degree)
@@ -80,7 +88,7 @@ def persistent_words(sh_degree: int) -> Dict[str, int]:
         "parameters": p,
         "gradients": p,
         "Adam state (exp_avg, exp_avg_sq)": 2 * p,
-        "hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)": 3 * p + 2 * rows,
+        "hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)": 3 * p + 2 * rows + curved_words(),
         "density statistics (vanilla 3, error-driven 4)": 4,
     }
 
@@ -89,15 +97,14 @@ def optimizer_step_words(sh_degree: int, optimizer: str) -> int:
     """Per-Gaussian transients of the optimizer step, alive after the render's are freed.
 
     torch's fused Adam updates in place: none. The hybrid's `_foreach` step
-    (turbogs/optim/hybrid_step.py) builds, for every parameter at once, new exp_avg and
-    exp_avg_sq, the denominator, the ratio, the updated values and (with the trainer's `ok`
-    flag) a torch.where copy before each assignment: six copies of all the parameters
-    (59 floats at degree 3). One op per stage for all six parameters is what makes it fast;
-    a per-parameter loop would hold six copies of the widest one (shN) instead."""
+    (turbogs/optim/hybrid_step.py) updates the moments and parameters in place and builds, for
+    every parameter at once, the gradients with a skipped step's zeroed (the trainer's `ok`
+    flag), the denominator and the ratio: three copies of all the parameters (59 floats at
+    degree 3). One op per stage for all six parameters is what makes it fast; a per-parameter
+    loop would hold three copies of the widest one (shN) instead."""
     if optimizer == "adam":
         return 0
-    widths = {"means": 3, "scales": 3, "quats": 4, "opacities": 1, "sh0": 3, "shN": 3 * (num_sh_bases(sh_degree) - 1)}
-    return 6 * sum(widths.values())
+    return 3 * params_per_gaussian(sh_degree)
 
 
 def persistent_bytes(sh_degree: int, optimizer: str) -> int:

@@ -118,7 +118,7 @@ class _PeakBytes(TorchDispatchMode):
         self.live -= size
 
 
-def test_hybrid_step_transients_are_six_copies_of_the_parameters():
+def test_hybrid_step_transients_are_three_copies_of_the_parameters():
     n = 4000
     model = gaussians(n, 3)
     config = HybridConfig()
@@ -131,7 +131,7 @@ def test_hybrid_step_transients_are_six_copies_of_the_parameters():
         with meter:
             config.step(optimizers, torch.ones(n, dtype=torch.bool), None, ok=ok)
     words = mem.optimizer_step_words(3, "hybrid")
-    # one _foreach op per stage over every parameter: six copies of all of them at the peak
+    # one _foreach op per stage over every parameter: three copies of all of them at the peak
     assert words * mem.WORD * n <= meter.peak <= (words + 3) * mem.WORD * n + 4096
 
 

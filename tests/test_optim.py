@@ -397,7 +397,8 @@ def test_state_follows_row_operations_of_density_control():
     train_steps(gaussians, optimizers, 3, seed=1)
     before = {name: {key: value.clone() for key, value in opt.state[gaussians.params[name]].items()}
               for name, opt in optimizers.items()}
-    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count", "step", "kappa"}
+    assert set(before["means"]) == {"exp_avg", "exp_avg_sq", "hessian", "row_step", "hessian_count", "step", "kappa",
+                                     "curvature", "lengthening"}
     untouched = copy.deepcopy((gaussians, optimizers))  # the reference for kept rows
 
     keep = torch.tensor([True, False, True, True, False, True])

@@ -32,10 +32,11 @@ STOPPED_MARK = "stopped.json"
 
 
 def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, resolution: int, eval_split: bool,
-                   antialiased: bool = False) -> None:
+                   antialiased: bool = False, parts: Optional[Dict[str, object]] = None) -> None:
     """INRIA's fields, which SIBR reads, plus `antialiased` (the model's render mode: eval,
     render and view read it back, so that a model trained with --antialiased is shown as it
-    was trained; Mip-Splatting's and gsplat's trainers add fields to this file the same way)."""
+    was trained; Mip-Splatting's and gsplat's trainers add fields to this file the same way),
+    and the method's `parts` the run used (TrainConfig.parts: sampler, loss, density, optimizer)."""
     fields = {
         "sh_degree": sh_degree,
         "source_path": str(Path(scene.source_path).resolve()) if scene.source_path else "",
@@ -46,6 +47,7 @@ def write_cfg_args(model_dir: Path, scene: Scene, sh_degree: int, images: str, r
         "data_device": "cuda",
         "eval": eval_split,
         "antialiased": bool(antialiased),
+        **(parts or {}),
     }
     text = "Namespace(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
     atomic_write_text(Path(model_dir) / "cfg_args", text)

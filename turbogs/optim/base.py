@@ -74,9 +74,10 @@ class OptimizerConfig:
         """Whether this (0-based) step should estimate curvature before its backward pass."""
         return False
 
-    def estimate_curvature(self, rendered: Tensor, params: Mapping[str, Tensor],
+    def estimate_curvature(self, rendered: Tensor, alpha: Tensor, params: Mapping[str, Tensor],
                            generator: torch.Generator) -> Optional[Dict[str, Tensor]]:
-        """Curvature estimates from the rendered pixels (before backward), per parameter."""
+        """Curvature estimates from the rendered pixels ([M, 3], and their accumulated opacity
+        [M, 1]; before backward), per parameter."""
         return None
 
     def step(self, optimizers: Optimizers, visible: Tensor, curvature: Optional[Dict[str, Tensor]],

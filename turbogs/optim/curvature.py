@@ -12,6 +12,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from turbogs.gaussians import SH_C0
+
 ParamsArg = Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]]
 _QUANTILE_SAMPLE = 1 << 20  # ratios drawn for the calibration quantile when there are more
 
@@ -72,6 +74,28 @@ def gauss_newton_diagonal_sample(
     grads = torch.autograd.grad(outputs, tensors, grad_outputs=probe, retain_graph=retain_graph, allow_unused=True)
     samples = [torch.zeros_like(p) if g is None else (g * g).detach() for p, g in zip(tensors, grads)]
     return dict(zip(params.keys(), samples)) if named else samples
+
+
+def colour_curvature_bound(pixels: torch.Tensor, alpha: torch.Tensor, sh0: torch.Tensor,
+                           retain_graph: bool = True) -> torch.Tensor:
+    """The Gauss-Newton matrix's row sums in the colours' DC coefficients: exact, from one
+    vector-Jacobian product, and a bound on the matrix (so the step it preconditions descends).
+
+    With the blending weights w_ip fixed, a pixel's colour is linear in each Gaussian's DC
+    coefficient: dC_p / d dc_i = SH_C0 w_ip (per channel; zero where the colour is clamped at 0).
+    Every entry of that Jacobian J is non-negative, so the diagonal D = diag(J^T J 1) bounds J^T J
+    from above (a symmetric matrix with non-negative entries is at most its row sums, by
+    Gershgorin): the step -g / D can never overshoot the L2 surrogate's minimum along any
+    combination of colours, where a diagonal of J^T J alone may, for Gaussians that overlap.
+    And J 1, the sum over the Gaussians of a pixel, is SH_C0 times its accumulated opacity
+    (exactly, where no colour is clamped; above it otherwise, which keeps the bound), so D is
+    J^T (SH_C0 alpha): one backward pass, no probe, no noise. Why this matters: unlike the
+    sample of gauss_newton_diagonal_sample, it needs no averaging over many steps to be usable.
+
+    `pixels` [M, 3] and `alpha` [M, 1] are the same rendered pixels; returns [N, 1, 3] like `sh0`."""
+    probe = (SH_C0 * alpha.detach()).expand_as(pixels)
+    grad, = torch.autograd.grad(pixels, [sh0], grad_outputs=probe, retain_graph=retain_graph, allow_unused=True)
+    return torch.zeros_like(sh0) if grad is None else grad.detach().clamp_min(0)
 
 
 def calibration_quantile(adam: torch.Tensor, curvature: torch.Tensor, q: float) -> torch.Tensor:

@@ -128,7 +128,8 @@ import torch
 
 from turbogs.errors import TurboGSError
 from turbogs.optim.base import OptimizerConfig, Optimizers, clear_grads
-from turbogs.optim.curvature import calibration_quantile, gauss_newton_diagonal_sample, rademacher
+from turbogs.optim.curvature import (calibration_quantile, colour_curvature_bound, gauss_newton_diagonal_sample,
+                                     rademacher)
 from turbogs.optim.hybrid_step import assign, foreach_step, per_row, rows_and_ok, update
 
 __all__ = ["HybridConfig", "HybridOptimizer", "gauss_newton_diagonal_sample", "rademacher"]
@@ -149,7 +150,8 @@ class HybridConfig(OptimizerConfig):
     hessian_every: int = 10  # steps between curvature estimates (Sophia's k)
     # Which parameters take curvature-informed steps; the others take Adam's. Measured, the means
     # gain and every other group loses: a mean's curvature scales with 1/size^2, so the Newton step moves a Gaussian in proportion
-    # to its size where Adam moves every mean by the same length.
+    # to its size where Adam moves every mean by the same length. "sh0" (the colours) takes the
+    # exact Gauss-Newton bound (curvature.colour_curvature_bound) instead of a sample.
     curvature_on: Tuple[str, ...] = ("means",)
     # The curvature's absolute scale is unknown (the surrogate below is a guess), so by default
     # it is calibrated: kappa puts the median coordinate's Newton step at Adam's length, and
@@ -200,11 +202,15 @@ class HybridConfig(OptimizerConfig):
     def wants_curvature(self, step: int) -> bool:
         return step % self.hessian_every == 0
 
-    def estimate_curvature(self, rendered, params, generator):
-        """A Gauss-Newton diagonal sample over the rendered pixels, for `curvature_on`."""
+    def estimate_curvature(self, rendered, alpha, params, generator):
+        """For `curvature_on`: the colours' exact bound (colour_curvature_bound) and, for the
+        other parameters, a Gauss-Newton diagonal sample over the rendered pixels."""
         scale = self.loss_hessian_scale / max(rendered.numel(), 1)
-        curved = {name: params[name] for name in self.curvature_on}
-        return gauss_newton_diagonal_sample(rendered, curved, generator, loss_hessian_scale=scale)
+        sampled = {name: params[name] for name in self.curvature_on if name != "sh0"}
+        estimates = gauss_newton_diagonal_sample(rendered, sampled, generator, loss_hessian_scale=scale) if sampled else {}
+        if "sh0" in self.curvature_on:
+            estimates["sh0"] = colour_curvature_bound(rendered, alpha, params["sh0"]) * scale
+        return estimates
 
     def step(self, optimizers, visible, curvature, ok=None) -> None:
         # Every optimizer's update at once, in a few _foreach ops (the arithmetic of HybridOptimizer.step).
@@ -309,19 +315,24 @@ class HybridOptimizer(torch.optim.Optimizer):
     def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
                             kappa: Union[float, torch.Tensor]) -> torch.Tensor:
         """max(kappa * h_hat, sqrt(v_hat) / L) on rows with a curvature estimate, sqrt(v_hat) on
-        the others (a row with no estimate yet must not be lengthened)."""
-        floor = adam
-        if group["max_lengthening"] > 1:
-            estimated = per_row(state["hessian_count"] > 0, param)
-            floor = torch.where(estimated, adam / group["max_lengthening"], adam)
-        return torch.maximum(floor, self._curvature(state, group, param, kappa))
+        the others (a row with no estimate yet must not be lengthened). From the cache that each
+        estimate refreshes (`_refresh_curvature`): the step itself is three passes."""
+        if "curvature" not in state:  # a state saved before the cache existed
+            self._refresh_curvature(state, group, param)
+        floor = adam - adam * state["lengthening"] if group["max_lengthening"] > 1 else adam
+        return torch.maximum(floor, state["curvature"] * kappa)
 
     @staticmethod
-    def _curvature(state: dict, group: dict, param: torch.Tensor, kappa: Union[float, torch.Tensor]) -> torch.Tensor:
-        """kappa * h_hat, the bias-corrected curvature EMA; rows without any estimate have zero."""
+    def _refresh_curvature(state: dict, group: dict, param: torch.Tensor) -> None:
+        """Cache h_hat, the bias-corrected curvature EMA (zero on rows without any estimate), and
+        each row's share taken off Adam's floor (1 - 1/L where the row has an estimate, else 0).
+        Both change only with an estimate, and both are per-row state that density control
+        carries with the rows: a new row's zeros mean no curvature and Adam's floor."""
         count = per_row(state["hessian_count"].double(), param)
         correction = torch.where(count > 0, 1 - group["hessian_beta"] ** count, torch.ones_like(count))
-        return state["hessian"] * (kappa / correction).to(param.dtype)
+        state["curvature"] = state["hessian"] / correction.to(param.dtype)
+        estimated = (state["hessian_count"] > 0).to(param.dtype)
+        state["lengthening"] = per_row(estimated * (1 - 1 / group["max_lengthening"]), param).contiguous()
 
     @torch.no_grad()
     def update_hessian(self, estimates: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -349,6 +360,7 @@ class HybridOptimizer(torch.optim.Optimizer):
                 hessian = state["hessian"].lerp(estimate.to(param.dtype), 1 - beta)
                 assign(state["hessian"], hessian, rows)
                 state["hessian_count"].add_(1 if rows is None else rows.to(param.dtype))
+                self._refresh_curvature(state, group, param)
                 if group["calibration_quantile"] is not None:
                     kappa = self._calibrated_curvature_scale(state, group, param)
                     state["kappa"] = kappa if ok is None else torch.where(ok, kappa, state["kappa"])
@@ -361,8 +373,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         beta2 = group["betas"][1]
         steps = state["step"].to(param.device).clamp_min(1)  # stays on the device: no read
         adam = state["exp_avg_sq"].sqrt() / (1 - beta2 ** steps).sqrt().to(param.dtype)
-        curvature = self._curvature(state, group, param, 1.0)
-        return calibration_quantile(adam, curvature, group["calibration_quantile"])
+        return calibration_quantile(adam, state["curvature"], group["calibration_quantile"])
 
 
 def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,

@@ -70,6 +70,7 @@ def _update_batch(entries: List[tuple], visible: Optional[torch.Tensor], ok: Opt
     beta1, beta2 = groups[0]["betas"]
     eps, dtype = groups[0]["eps"], params[0].dtype
     steps = [state["step"] for state in states]
+    count = len(params)
 
     # Step counters: each row's and each optimizer's (float64, on the device), +1 where updated.
     # (Lists of the flags, not a flag alone: _foreach_add_(list, tensor) reads it on the CPU.)
@@ -85,15 +86,29 @@ def _update_batch(entries: List[tuple], visible: Optional[torch.Tensor], ok: Opt
     else:
         torch._foreach_add_(row_steps, 1)
 
-    exp_avgs = torch._foreach_lerp([state["exp_avg"] for state in states], grads, 1 - beta1)
-    exp_avg_sqs = torch._foreach_mul([state["exp_avg_sq"] for state in states], beta2)
+    # Every row updated (no visible rows): the moments and parameters change in place, and `ok`
+    # enters as a 0/1 weight on each change (a skipped step's gradients zeroed first, so that its
+    # NaNs touch nothing): one pass per parameter where masking the new values costs six.
+    # Visible rows only: the new values are made beside the old, and masked.
+    in_place = rows is None
+    exp_avgs, exp_avg_sqs = [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
+    keep = None if ok is None else ok.to(dtype)
+    if in_place and keep is not None:
+        grads = [torch.where(ok, grad, 0.0) for grad in grads]
+        torch._foreach_lerp_(exp_avgs, grads, [keep * (1 - beta1)] * count)
+        torch._foreach_mul_(exp_avg_sqs, [1 - keep * (1 - beta2)] * count)
+    elif in_place:
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+    else:
+        exp_avgs = torch._foreach_lerp(exp_avgs, grads, 1 - beta1)
+        exp_avg_sqs = torch._foreach_mul(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
 
     # Bias corrections 1 - beta^t, in float64 as torch's Adam: of every optimizer's step count
     # (the powers one by one, the rest on one stacked vector), or of each row's own.
     powers = torch.stack(torch._foreach_pow(beta1, steps) + torch._foreach_pow(beta2, steps))
     corrections = 1 - powers
-    count = len(params)
     bias1 = list(corrections[:count].to(dtype).unbind())
     bias2_root = list(corrections[count:].sqrt().to(dtype).unbind())
     for i, (group, state, param) in enumerate(zip(groups, states, params)):
@@ -112,12 +127,15 @@ def _update_batch(entries: List[tuple], visible: Optional[torch.Tensor], ok: Opt
             ratio.clamp_(-group["clip"] * b1, group["clip"] * b1)  # |step| <= clip * lr
     step_sizes = torch._foreach_reciprocal(bias1)  # lr / bias1, as `lr / tensor` computes it
     torch._foreach_mul_(step_sizes, [group["lr"] for group in groups])
+    if in_place:
+        if keep is not None:  # 0-d where, not a product: a first step skipped has lr / 0 here
+            step_sizes = [torch.where(ok, size, 0.0) for size in step_sizes]
+        torch._foreach_addcmul_(params, step_sizes, ratios, value=-1)
+        return
     updated = torch._foreach_addcmul(params, step_sizes, ratios, value=-1)
 
     for targets, values in ((params, updated), ([state["exp_avg"] for state in states], exp_avgs),
                             ([state["exp_avg_sq"] for state in states], exp_avg_sqs)):
-        if rows is not None:  # only the rows updated, masked on the device: no read
-            values = [torch.where(per_row(r, value), value, target) for value, target, r in zip(values, targets, rows)]
-        elif ok is not None:
-            values = [torch.where(ok, value, target) for value, target in zip(values, targets)]
+        # only the rows updated (`ok` is in them), masked on the device: no read
+        values = [torch.where(per_row(r, value), value, target) for value, target, r in zip(values, targets, rows)]
         torch._foreach_copy_(targets, values)

@@ -96,6 +96,25 @@ class TrainConfig:
     # How the optimizer follows V views per step: one of BATCH_LR_RULES.
     batch_lr_rule: str = "sqrt"
 
+    def parts(self) -> Dict[str, object]:
+        """Which of the method's parts this run uses, by name: results.json and cfg_args record
+        it, so that a model, or a comparison of two, says what trained it (a preset's name alone
+        does not: flags and ablations change parts)."""
+        if not self.error_guided:
+            sampler = "every-tile"  # random views, every pixel
+        elif min(self.sampler.fraction_start, self.sampler.fraction_end) < 1:
+            sampler = "error-guided-tiles"
+        else:
+            sampler = "error-guided-views"  # the error memory picks views; every tile rendered
+        if self.error_guided:
+            weights = {"l1": 1 - self.tile_loss.lambda_ssim, "dssim": self.tile_loss.lambda_ssim,
+                       "ncc": self.tile_loss.lambda_ncc}
+        else:
+            weights = {"l1": 1 - self.loss.lambda_ssim, "dssim": self.loss.lambda_ssim}
+        return {"sampler": sampler, "loss": "+".join(term for term, weight in weights.items() if weight > 0),
+                "density": self.density.name, "optimizer": self.optimizer.name,
+                "coarse_to_fine": self.coarse_to_fine.enabled}
+
     def for_run(self, steps: Optional[int] = None, budget_seconds: Optional[float] = None,
                 world_size: int = 1) -> "TrainConfig":
         """This preset sized for one run: a time budget (schedules follow the elapsed

@@ -34,7 +34,8 @@ from turbogs.training.trainer import SessionOptions, Trainer
 def write_model_preamble(scene: Scene, cfg: TrainConfig, opt: SessionOptions) -> None:
     """The files SIBR wants before training: cfg_args, cameras.json, input.ply."""
     out = Path(opt.out_dir)
-    model.write_cfg_args(out, scene, cfg.sh_degree, opt.images, opt.resolution, opt.eval_split, cfg.antialiased)
+    model.write_cfg_args(out, scene, cfg.sh_degree, opt.images, opt.resolution, opt.eval_split, cfg.antialiased,
+                         cfg.parts())
     model.write_cameras_json(out, scene.cameras)
     if scene.points is not None and len(scene.points):
         colors = scene.point_colors if scene.point_colors is not None else np.full_like(scene.points, 0.5)

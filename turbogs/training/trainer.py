@@ -234,10 +234,10 @@ class Trainer:
         """When the optimizer asks for it, its curvature estimate from the rendered pixels."""
         if not self.cfg.optimizer.wants_curvature(self.step):
             return None
-        image = self.train_views.real_pixels_only(out.image, pick.view)  # padded views: not the padding
-        pixels = sampled_pixel_values(image, pick.tile_ids)  # row-major, like a boolean gather, but no read
-        with self.observer.backward():  # a backward pass (with random residuals), like loss.backward()
-            return self.cfg.optimizer.estimate_curvature(pixels, self.gaussians.params, generator)
+        pixels, alpha = (sampled_pixel_values(self.train_views.real_pixels_only(image, pick.view), pick.tile_ids)
+                         for image in (out.image, out.alpha))  # not the padding; row-major, with no read
+        with self.observer.backward():  # backward passes, like loss.backward()
+            return self.cfg.optimizer.estimate_curvature(pixels, alpha, self.gaussians.params, generator)
 
     def warm_up(self) -> None:
         """Untimed, before the training clock starts: one render, loss and backward of the
@@ -486,7 +486,7 @@ class Trainer:
         """The run's figures, for results.json and the last line the user reads."""
         self.read_device_figures(final=True)
         return {"num_gaussians": len(self.gaussians), "train_seconds": round(self.elapsed, 3), "steps": self.step,
-                "preset": self.cfg.preset, "skipped_steps": self.stats.skipped_steps,
+                "preset": self.cfg.preset, "parts": self.cfg.parts(), "skipped_steps": self.stats.skipped_steps,
                 "antialiased": self.cfg.antialiased, "training_sizes": self.work.trained(self.step, self.elapsed),
                 "peak_gaussians": max(self.stats.peak_gaussians, len(self.gaussians)),
                 "backend": kernels.backend_name(self.device),
