@@ -78,7 +78,9 @@ def fake_carry(tmp_path):
     return carry
 
 
-def run_script(*args, carry: Path, tmp_path: Path, script: Path = BUILD, out: str = "out", timeout: int = 240, **env):
+def run_script(*args, carry: Path, tmp_path: Path, script: Path = BUILD, out: str = "out", timeout: int = 600, **env):
+    """Run a prepared GPU script here. The timeout guards against a hang, not for speed: a dry run
+    trains a few steps, about two minutes on one core, and twice that beside another test."""
     environment = {**os.environ, "CARRY_DIR": str(carry), "OUT": str(tmp_path / out),
                    "GPU_DIR": str(tmp_path / "gpu"), "OMP_NUM_THREADS": "1", **env}
     return subprocess.run(["bash", str(script), *args], cwd=REPO, env=environment, capture_output=True, text=True,
