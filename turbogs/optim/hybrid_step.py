@@ -7,8 +7,8 @@ written once, as one `_foreach` op per stage over a list of parameters: `HybridO
 passes its own, `foreach_step` every optimizer's, and the arithmetic is the same either way.
 Only what differs per parameter stays per parameter: the curvature term of the parameters that
 have one (`HybridOptimizer._denominator`), the options that work row by row (per-row bias
-correction, a step clip, visible rows) and the `torch.where` that keeps everything as it was on
-a non-finite step. The rule itself, and why, is in hybrid.py's docstring.
+correction, a step clip, visible rows) and the `torch.where` that zeroes a non-finite step's
+gradients (its `ok`, 0 there, then weighs every change). The rule itself, and why, is in hybrid.py's docstring.
 """
 
 from __future__ import annotations
@@ -92,14 +92,14 @@ def _update_batch(entries: List[tuple], visible: Optional[torch.Tensor], ok: Opt
     # Visible rows only: the new values are made beside the old, and masked.
     in_place = rows is None
     exp_avgs, exp_avg_sqs = [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
-    keep = None if ok is None else ok.to(dtype)
-    if in_place and keep is not None:
-        grads = [torch.where(ok, grad, 0.0) for grad in grads]
-        torch._foreach_lerp_(exp_avgs, grads, [keep * (1 - beta1)] * count)
-        torch._foreach_mul_(exp_avg_sqs, [1 - keep * (1 - beta2)] * count)
-    elif in_place:
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
+    if in_place:
+        weight, decay = 1 - beta1, beta2
+        if ok is not None:
+            keep = ok.to(dtype)
+            grads = [torch.where(ok, grad, 0.0) for grad in grads]
+            weight, decay = [keep * (1 - beta1)] * count, [1 - keep * (1 - beta2)] * count
+        torch._foreach_lerp_(exp_avgs, grads, weight)
+        torch._foreach_mul_(exp_avg_sqs, decay)
     else:
         exp_avgs = torch._foreach_lerp(exp_avgs, grads, 1 - beta1)
         exp_avg_sqs = torch._foreach_mul(exp_avg_sqs, beta2)
@@ -128,7 +128,7 @@ def _update_batch(entries: List[tuple], visible: Optional[torch.Tensor], ok: Opt
     step_sizes = torch._foreach_reciprocal(bias1)  # lr / bias1, as `lr / tensor` computes it
     torch._foreach_mul_(step_sizes, [group["lr"] for group in groups])
     if in_place:
-        if keep is not None:  # 0-d where, not a product: a first step skipped has lr / 0 here
+        if ok is not None:  # 0-d where, not a product: a first step skipped has lr / 0 here
             step_sizes = [torch.where(ok, size, 0.0) for size in step_sizes]
         torch._foreach_addcmul_(params, step_sizes, ratios, value=-1)
         return

@@ -298,8 +298,8 @@ class Trainer:
         busy machine slows some: a cheap step needs many tries to find one it did not); rank 0's,
         so that every rank plans the same sizes."""
         views = self.train_views if factor == self.size_factor else self.sizes.views(factor)
-        times = [timed(lambda: self._render_backward(views), self.device) for _ in range(3)]
-        while sum(times) < 0.1 and len(times) < 20:
+        times = []
+        while len(times) < 3 or (sum(times) < 0.1 and len(times) < 20):
             times.append(timed(lambda: self._render_backward(views), self.device))
         return self.world.broadcast_float(min(times))
 
