@@ -19,14 +19,13 @@ from turbogs.density.error_driven import (
     ErrorDrivenDensity,
     blame_term,
     decay_opacity,
-    exposed_gaussians,
     make_probe,
     pixel_error,
 )
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians, num_sh_bases
 from turbogs.render import render
-from turbogs.tiles import sampled_pixels
+from turbogs.tiles import boxes_touch_tiles, sampled_pixels
 from turbogs.turbo.losses import TileLoss
 
 SIZE = 32  # 2 x 2 tiles
@@ -204,45 +203,66 @@ def test_pixel_error_is_masked_mean_abs_difference():
             assert abs(float(err[y, x]) - expected) < 1e-6
 
 
-def test_exposed_gaussians_match_tile_intersection():
-    """Exposed = listed in some sampled tile by the renderer's tile intersection."""
+def test_boxes_touching_tiles_match_tile_intersection():
+    """Reaching a tile = listed in some tile of the mask by the renderer's tile intersection."""
     g = torch.Generator().manual_seed(1)
     n, width, height = 60, 40, 30
     means2d = torch.rand(n, 2, generator=g) * torch.tensor([60.0, 50.0]) - 10.0
-    radii = torch.randint(0, 12, (n,), generator=g)
+    radii = torch.randint(0, 12, (n, 2), generator=g).int()
+    radii[radii.min(dim=-1).values == 0] = 0  # the projection culls on both axes
     depths = torch.rand(n, generator=g) + 1.0
     tile_mask = torch.tensor([[True, False, False], [False, False, True]])
-    exposed = exposed_gaussians(means2d, radii, tile_mask, width, height)
-    _, flatten_ids = ops.intersect_tiles(means2d, torch.stack([radii, radii], -1).int(), depths, 16, 3, 2, tile_mask)
+    touching = boxes_touch_tiles(means2d, radii, tile_mask, width, height)
+    _, flatten_ids = ops.intersect_tiles(means2d, radii, depths, 16, 3, 2, tile_mask)
     expected = torch.zeros(n, dtype=torch.bool)
     expected[flatten_ids.long()] = True
-    assert torch.equal(exposed, expected)
-    assert 0 < int(exposed.sum()) < int((radii > 0).sum())  # the mask excludes some visible ones
-    everything = exposed_gaussians(means2d, radii, None, width, height)
-    assert int(everything.sum()) > int(exposed.sum())
+    assert torch.equal(touching, expected)
+    assert 0 < int(touching.sum()) < int((radii > 0).all(-1).sum())  # the mask excludes some visible ones
+    everything = boxes_touch_tiles(means2d, radii, None, width, height)
+    assert int(everything.sum()) > int(touching.sum())
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_exposed_gaussians_match_a_loop_over_tiles(seed):
-    """Random grids, masks and boxes (some off screen, some huge) against a loop over every
-    tile of every box."""
+def test_boxes_touching_tiles_match_a_loop_over_tiles(seed):
+    """Random grids, masks and boxes (some off screen, some huge, wider than tall and the other
+    way) against a loop over every tile of every box."""
     g = torch.Generator().manual_seed(seed)
     width, height = int(torch.randint(17, 120, (), generator=g)), int(torch.randint(17, 90, (), generator=g))
     tile_rows, tile_cols = (height + 15) // 16, (width + 15) // 16
     tile_mask = torch.rand(tile_rows, tile_cols, generator=g) < 0.3
     n = 80
     means2d = torch.rand(n, 2, generator=g) * torch.tensor([width * 1.6, height * 1.6]) - torch.tensor([width * 0.3, height * 0.3])
-    radii = torch.randint(0, 40, (n,), generator=g)
+    radii = torch.randint(0, 40, (n, 2), generator=g).int()
     expected = torch.zeros(n, dtype=torch.bool)
     for i in range(n):
-        if radii[i] <= 0:
+        if radii[i].min() <= 0:
             continue
-        x, y, r = float(means2d[i, 0]) / 16, float(means2d[i, 1]) / 16, float(radii[i]) / 16
-        x0, x1 = max(math.floor(x - r), 0), min(math.ceil(x + r), tile_cols)
-        y0, y1 = max(math.floor(y - r), 0), min(math.ceil(y + r), tile_rows)
+        x, y = float(means2d[i, 0]) / 16, float(means2d[i, 1]) / 16
+        rx, ry = float(radii[i, 0]) / 16, float(radii[i, 1]) / 16
+        x0, x1 = max(math.floor(x - rx), 0), min(math.ceil(x + rx), tile_cols)
+        y0, y1 = max(math.floor(y - ry), 0), min(math.ceil(y + ry), tile_rows)
         expected[i] = bool(tile_mask[y0:y1, x0:x1].any()) if x0 < x1 and y0 < y1 else False
-    assert torch.equal(exposed_gaussians(means2d, radii, tile_mask, width, height), expected)
+    assert torch.equal(boxes_touch_tiles(means2d, radii, tile_mask, width, height), expected)
     assert 0 < int(expected.sum()) < n
+
+
+def test_the_render_culls_what_reaches_no_rendered_tile():
+    """With a tile mask the render reports as visible exactly the Gaussians the intersection
+    lists, and the culled ones pass no gradient: density control counts the visible ones as
+    exposed."""
+    gaussians, camera = make_scene_gaussians(40, seed=3), make_camera()
+    full = render(gaussians, camera)
+    out = render(gaussians, camera, tile_mask=TILE_MASK)
+    listed = torch.zeros(len(gaussians), dtype=torch.bool)
+    rows, cols = TILE_MASK.shape
+    radii_xy = torch.stack([full.radii, full.radii], -1).int()  # an upper bound of each axis's box
+    _, ids = ops.intersect_tiles(full.means2d.detach(), radii_xy, full.depths.detach(), 16, cols, rows, TILE_MASK)
+    listed[ids.long()] = True
+    assert bool((out.visible <= full.visible).all()) and bool((out.visible <= listed).all())
+    assert 0 < int(out.visible.sum()) < int(full.visible.sum())
+    out.image.sum().backward()
+    grads = gaussians.params["means"].grad.abs().sum(-1)
+    assert float(grads[~out.visible].abs().sum()) == 0.0
 
 
 # --- hand-made states -----------------------------------------------------------------
@@ -476,7 +496,7 @@ def test_after_backward_schedule_with_real_renders():
         if probe is not None:
             loss = loss + blame_term(out, pixel_error(out.image, gt, TILE_MASK), TILE_MASK)
         loss.backward()
-        exposed_now = exposed_gaussians(out.means2d, out.radii, TILE_MASK, SIZE, SIZE)
+        exposed_now = out.visible.float()
         before = {k: v.clone() for k, v in state.items()}
         stats = after_backward(strategy, state, step, gaussians, optimizers, out, SIZE, SIZE, 1.0,
                                         blame=None if probe is None else probe.grad, progress=progress)

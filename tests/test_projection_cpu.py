@@ -134,6 +134,40 @@ def test_native_projection_in_float64_matches_the_twin(antialiased, seed):
         assert relative_error(got, want, torch.ones_like(visible)) <= 1e-11, name
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_native_tile_cull_matches_the_twin_and_a_loop_over_tiles(seed):
+    """With a tile mask, both cull exactly the Gaussians whose tile box (the intersection's
+    float32 rule) reaches no selected tile, against a loop over each box's tiles; the culled
+    report zeros and get no gradient, and the rest are what the projection without a mask
+    gives them."""
+    gaussians = make_gaussians(3000, seed, torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    tile_rows, tile_cols = (HEIGHT + 15) // 16, (WIDTH + 15) // 16
+    tile_mask = torch.rand(tile_rows, tile_cols, generator=g) < 0.25
+    viewmat, K = make_camera(torch.float64)
+    plain = raster_torch.project(*gaussians, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D)
+    expected = torch.zeros(3000, dtype=torch.bool)
+    for i in torch.nonzero((plain[0] > 0).all(-1)).squeeze(1).tolist():
+        x, y = (float(v) / 16 for v in plain[1][i].float())
+        rx, ry = (float(v) / 16 for v in plain[0][i])
+        x0, x1 = max(math.floor(x - rx), 0), min(math.ceil(x + rx), tile_cols)
+        y0, y1 = max(math.floor(y - ry), 0), min(math.ceil(y + ry), tile_rows)
+        expected[i] = x0 < x1 and y0 < y1 and bool(tile_mask[y0:y1, x0:x1].any())
+    assert 0 < int(expected.sum()) < int((plain[0] > 0).all(-1).sum())
+    for backend in (raster_cpu, raster_torch):
+        leaves = [t.clone().requires_grad_() for t in gaussians]
+        radii, means2d, depths, conics = backend.project(*leaves, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D,
+                                                         tile_mask=tile_mask)
+        assert torch.equal((radii > 0).all(-1), expected), backend.__name__
+        assert torch.equal(radii[expected], plain[0][expected]) and not radii[~expected].any()
+        for got, want in zip((means2d.detach(), depths.detach(), conics.detach()), plain[1:]):
+            assert float((got[expected] - want[expected]).abs().max()) <= 1e-12 * float(want.abs().max())
+            assert not got[~expected].any()
+        (means2d.sum() + depths.sum() + conics.sum()).backward()
+        for leaf in leaves:
+            assert not leaf.grad[~expected].any() and leaf.grad[expected].any()
+
+
 def test_the_clamped_jacobian_and_the_normalize_floor_are_exercised():
     """The cases above are what they claim: some visible Gaussians have x/z or y/z past the
     widened field of view, and the quaternions span F.normalize's floor."""

@@ -271,6 +271,48 @@ def test_native_spherical_harmonics_match_the_twin(dtype, tol):
         assert not native[2][:, (degree + 1) ** 2:].any()  # unused coefficients: no gradient
 
 
+def test_masked_spherical_harmonics_match_the_twin_and_leave_masked_rows_alone():
+    """gsplat's `masks`: masked-out rows are 0 and get no gradient, on both, and the other rows
+    are what the unmasked op gives (the renderer masks what the projection culled)."""
+    dirs, coeffs = sh_inputs(300, torch.float64, seed=4)
+    keep = torch.rand(300, generator=torch.Generator().manual_seed(1)) < 0.4
+    for degree in range(4):
+        plain = sh_with(raster_torch, degree, dirs, coeffs)
+        for backend in (raster_cpu, raster_torch):
+            leaves = dirs.clone().requires_grad_(), coeffs.clone().requires_grad_()
+            value = backend.spherical_harmonics(degree, *leaves, keep)
+            (value * torch.randn(value.shape, generator=torch.Generator().manual_seed(5), dtype=value.dtype)).sum().backward()
+            dirs_grad = torch.zeros_like(dirs) if leaves[0].grad is None else leaves[0].grad  # degree 0: none
+            for got, want in zip((value.detach(), dirs_grad, leaves[1].grad), plain):
+                assert not got[~keep].any()
+                torch.testing.assert_close(got[keep], want[keep], rtol=1e-12, atol=1e-12)
+    inputs = (dirs[2:8].clone().requires_grad_(), coeffs[2:8].clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda d, c: raster_cpu.spherical_harmonics(3, d, c, keep[2:8]), inputs)
+
+
+def test_the_parts_op_reads_the_stored_coefficients_where_they_lie():
+    """spherical_harmonics_parts(sh0, rest) is spherical_harmonics(cat([sh0, rest])) with its
+    gradient in both parts (the bands past the degree's get zeros), masked or not, natively and
+    as the twin; a gradcheck of both parts."""
+    dirs, coeffs = sh_inputs(200, torch.float64, seed=6)
+    keep = torch.rand(200, generator=torch.Generator().manual_seed(2)) < 0.5
+    weights = torch.randn(200, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for degree in range(4):
+        for masks in (None, keep):
+            want_leaf = coeffs.clone().requires_grad_()
+            want = raster_torch.spherical_harmonics(degree, dirs, want_leaf[:, : (degree + 1) ** 2], masks)
+            (want * weights).sum().backward()
+            for backend in (raster_cpu, raster_torch):
+                sh0, rest = coeffs[:, :1].clone().requires_grad_(), coeffs[:, 1:].clone().requires_grad_()
+                got = backend.spherical_harmonics_parts(degree, dirs, sh0, rest, masks)
+                (got * weights).sum().backward()
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(torch.cat([sh0.grad, rest.grad], 1), want_leaf.grad, rtol=1e-12, atol=1e-12)
+    parts = (dirs[2:8].clone().requires_grad_(), coeffs[2:8, :1].clone().requires_grad_(),
+             coeffs[2:8, 1:].clone().requires_grad_())
+    assert torch.autograd.gradcheck(lambda d, a, b: raster_cpu.spherical_harmonics_parts(2, d, a, b), parts)
+
+
 def test_native_spherical_harmonics_gradients_against_finite_differences():
     dirs, coeffs = sh_inputs(6, torch.float64, seed=2)
     inputs = (dirs[2:].clone().requires_grad_(), coeffs[2:].clone().requires_grad_())

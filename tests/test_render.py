@@ -497,7 +497,8 @@ def test_tile_mask_renders_selected_tiles_only_and_unselected_get_no_gradient():
     _, ids = ops.intersect_tiles(means2d, radii, depths, TILE_SIZE, 3, 2, mask)
     in_selected = torch.zeros(40, dtype=torch.bool)
     in_selected[ids.long()] = True
-    assert (out_of_mask := sparse.visible & ~in_selected).any()
+    assert torch.equal(sparse.visible, in_selected)  # culled: what reaches no selected tile is not visible
+    assert (out_of_mask := dense.visible & ~in_selected).any()
     for name in ("means", "opacities", "sh0"):
         grad = gaussians.params[name].grad
         assert grad[out_of_mask].abs().sum() == 0, name
@@ -577,7 +578,11 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
         return rgb[None], alpha[None]
 
     monkeypatch.setattr(wrapper, "fully_fused_projection", projection)
-    monkeypatch.setattr(wrapper, "spherical_harmonics", reference._spherical_harmonics)
+    def spherical_harmonics(degree, dirs, coeffs, masks=None):  # gsplat's masked-out rows are 0
+        values = reference._spherical_harmonics(degree, dirs, coeffs)
+        return values if masks is None else torch.where(masks[:, None], values, 0.0)
+
+    monkeypatch.setattr(wrapper, "spherical_harmonics", spherical_harmonics)
     monkeypatch.setattr(wrapper, "isect_tiles", lambda *args: reference._isect_tiles(*args))
     monkeypatch.setattr(wrapper, "isect_offset_encode", reference._isect_offset_encode)
     monkeypatch.setattr(wrapper, "rasterize_to_pixels", rasterize_to_pixels)
@@ -593,8 +598,12 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
     assert len(projected_aa) == 5
     for got, want in zip(projected_aa, torch_backend.project(*args, antialiased=True)):
         torch.testing.assert_close(got, want)
-    radii, means2d, depths, conics = (t.detach() for t in projected)
     mask = torch.tensor([[True, False, True], [False, True, True]])
+    culled = gsplat_backend.project(*args, tile_mask=mask)  # the tile cull, as the twin does it
+    for got, want in zip(culled, torch_backend.project(*args, tile_mask=mask)):
+        torch.testing.assert_close(got, want)
+    assert 0 < int((culled[0] > 0).all(-1).sum()) < int((projected[0] > 0).all(-1).sum())
+    radii, means2d, depths, conics = (t.detach() for t in projected)
     for tile_mask in (None, mask):
         got = gsplat_backend.intersect_tiles(means2d, radii, depths, TILE_SIZE, 3, 2, tile_mask)
         want = torch_backend.intersect_tiles(means2d, radii, depths, TILE_SIZE, 3, 2, tile_mask)
@@ -606,6 +615,9 @@ def test_gsplat_backend_glue_with_reference_kernels(monkeypatch):
         assert image[0].shape == (HEIGHT, WIDTH, 4) and image[1].shape == (HEIGHT, WIDTH, 1)
     dirs, coeffs = torch.randn(5, 3), torch.randn(5, 4, 3)
     torch.testing.assert_close(gsplat_backend.spherical_harmonics(1, dirs, coeffs), torch_backend.spherical_harmonics(1, dirs, coeffs))
+    keep = torch.tensor([True, False, True, True, False])
+    torch.testing.assert_close(gsplat_backend.spherical_harmonics(1, dirs, coeffs, keep),
+                               torch_backend.spherical_harmonics(1, dirs, coeffs, keep))
 
 
 def world_covariance(gaussians, i):

@@ -9,10 +9,12 @@ constant here and not a setting.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 TILE_SIZE = 16
@@ -100,3 +102,44 @@ def sampled_pixel_values(image: Tensor, tile_ids: Optional[Tensor], tile_size: i
     values = pixels.index_select(0, flat.index_select(0, order))
     return torch.where(valid.index_select(0, order)[:, None], values, torch.zeros((), dtype=values.dtype,
                                                                                  device=values.device))
+
+
+@torch.no_grad()
+def boxes_touch_tiles(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor], width: int, height: int,
+                      tile_size: int = TILE_SIZE) -> Tensor:
+    """[N] bool: Gaussians with a radius whose screen box (center +- radius, in tiles: floor of
+    the low side, ceil of the high side, clamped to the grid; the tile intersection's rule)
+    overlaps at least one tile of `tile_mask` (every tile when None): those that can reach a
+    rendered pixel. The renderer culls the others before SH and sorting, and density control
+    counts the rest as exposed.
+    One summed-area table of the mask answers every box in O(1): the four corners' entries,
+    read in one gather (every training step runs this, so it is written in few ops)."""
+    tile_height, tile_width = tile_grid(height, width, tile_size)
+    device = means2d.device
+    if tile_mask is None:
+        tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
+    # table[y, x] = the sampled tiles above and left of tile corner (x, y); flat, row-major
+    table = F.pad(tile_mask.to(device).int().cumsum(0).cumsum(1), (1, 0, 1, 0)).reshape(-1)
+
+    center = means2d.detach().float() / tile_size
+    reach = radii.float() / tile_size
+    low, high, corners, signs = _box_constants(tile_width, tile_height, device)
+    box = torch.cat([torch.floor(center - reach), torch.ceil(center + reach)], dim=-1)  # [N, 4]: x0, y0, x1, y1
+    box = torch.clamp(box, low, high).long()  # tile corners, inside the table
+    count = (table[(box[:, None, :] * corners).sum(-1)] * signs).sum(-1)  # sampled tiles in the box
+    return (radii > 0).all(dim=-1) & (count > 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _box_constants(tile_width: int, tile_height: int, device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What boxes_touch_tiles needs of a tile grid, made once per grid (a tensor built from host
+    numbers every step is a host-to-device copy every step, which on CUDA waits for the queue):
+    the box's limits [4], the rows [4, 4] that turn a box (x0, y0, x1, y1) into the flat
+    table indices of its corners (x1, y1), (x1, y0), (x0, y1), (x0, y0), and their signs in
+    the box's sum, + - - +."""
+    row = tile_width + 1  # the table's row length
+    low = torch.zeros(4, device=device)
+    high = torch.tensor([tile_width, tile_height] * 2, dtype=torch.float32, device=device)
+    corners = torch.tensor([[0, 0, 1, row], [0, row, 1, 0], [1, 0, 0, row], [1, row, 0, 0]], device=device)
+    signs = torch.tensor([1, -1, -1, 1], device=device)
+    return low, high, corners, signs

@@ -7,9 +7,12 @@
 // drops three quarters afterwards): 12 % of such a step at 10k Gaussians. Here the visible
 // Gaussians are sorted by depth once (the twin's keys: the float32 bit pattern, ties by
 // index), counted per selected tile, and placed by a counting sort: each tile's run comes out
-// in depth order without sorting pairs. Serial: it is a small part of a step.
+// in depth order without sorting pairs. Serial: it is a small part of a step, the more so as
+// the projection has culled what reaches no selected tile.
 
 #include <torch/extension.h>
+
+#include "tile_box_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,24 +21,7 @@
 #include <numeric>
 #include <vector>
 
-namespace {
-
-// A Gaussian's tile box [min, max) in tile units, computed in float32 as the twin does.
-inline void tile_box(float x, float y, int32_t rx, int32_t ry, int64_t tile_size, int64_t tile_width,
-                     int64_t tile_height, int64_t box[4]) {
-  const float ts = static_cast<float>(tile_size);
-  const float cx = x / ts, cy = y / ts, ex = static_cast<float>(rx) / ts, ey = static_cast<float>(ry) / ts;
-  const float limit[2] = {static_cast<float>(tile_width), static_cast<float>(tile_height)};
-  const float lo[2] = {std::floor(cx - ex), std::floor(cy - ey)};
-  const float hi[2] = {std::ceil(cx + ex), std::ceil(cy + ey)};
-  for (int d = 0; d < 2; ++d) {
-    const float l = std::min(std::max(lo[d], 0.0f), limit[d]), h = std::min(std::max(hi[d], 0.0f), limit[d]);
-    box[2 * d] = std::isfinite(l) ? static_cast<int64_t>(l) : 0;
-    box[2 * d + 1] = std::isfinite(h) ? static_cast<int64_t>(h) : 0;
-  }
-}
-
-}  // namespace
+using turbogs_cpu::tile_box;
 
 // Returns (isect_offsets [TH, TW] int32, flatten_ids [M] int32). `tile_mask`: [TH * TW] bool,
 // or empty for every tile.
@@ -52,19 +38,25 @@ std::vector<at::Tensor> intersect_tiles(const at::Tensor& means2d, const at::Ten
               "intersect_cpu: means2d [N, 2], radii [N, 2], depths [N]");
   TORCH_CHECK(!mask.numel() || mask.numel() == tile_width * tile_height, "intersect_cpu: tile_mask [TH, TW]");
   const int64_t n = m.size(0), num_tiles = tile_width * tile_height;
+  TORCH_CHECK(n <= INT32_MAX, "intersect_cpu: at most 2^31 - 1 Gaussians (the ids are int32)");
   const float* xy = m.data_ptr<float>();
   const int32_t* rad = r.data_ptr<int32_t>();
   const float* depth = d.data_ptr<float>();
   const bool* selected = mask.numel() ? mask.data_ptr<bool>() : nullptr;
 
-  // Visible Gaussians by depth: the unsigned bit pattern, ties by index (a stable sort).
-  std::vector<int64_t> order;
-  std::vector<uint32_t> keys(n);
+  // Visible Gaussians by depth: the unsigned bit pattern, ties by index. Key and index packed
+  // into one 64-bit word sort as one number, which is that order, with no indirection.
+  std::vector<uint64_t> packed;
+  packed.reserve(n);
   for (int64_t g = 0; g < n; ++g) {
-    if (rad[2 * g] > 0 && rad[2 * g + 1] > 0) order.push_back(g);
-    std::memcpy(&keys[g], &depth[g], sizeof(uint32_t));
+    if (rad[2 * g] <= 0 || rad[2 * g + 1] <= 0) continue;
+    uint32_t key;
+    std::memcpy(&key, &depth[g], sizeof(uint32_t));
+    packed.push_back((static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(g));
   }
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+  std::sort(packed.begin(), packed.end());
+  std::vector<int64_t> order(packed.size());
+  for (size_t i = 0; i < packed.size(); ++i) order[i] = static_cast<int64_t>(packed[i] & 0xFFFFFFFFu);
 
   std::vector<int64_t> boxes(order.size() * 4);
   std::vector<int64_t> counts(num_tiles + 1, 0);

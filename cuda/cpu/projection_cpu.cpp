@@ -9,8 +9,9 @@
 // - the Jacobian of the pinhole is taken at the mean clamped to 1.3x the field of view;
 // - the screen covariance gets eps2d added on its diagonal (at least about a pixel), its
 //   inverse is the conic, its radius ceil(3.33 sigma) per axis;
-// - culled Gaussians (out of depth, det <= 0, or off the image) get radii 0 and zeros
-//   elsewhere, and no gradient;
+// - culled Gaussians (out of depth, det <= 0, or off the image, and with a tile mask those
+//   whose tile box reaches none of its tiles) get radii 0 and zeros elsewhere, and no
+//   gradient: the backward, SH and the tile intersection then skip them;
 // - with `antialiased`, the opacity compensation sqrt(max(det(cov) / det(cov + eps2d I), 1e-12)).
 //
 // Why native: the twin is some 80 small torch ops over every Gaussian, forward and backward
@@ -24,11 +25,14 @@
 
 #include <torch/extension.h>
 
+#include "tile_box_cpu.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -261,12 +265,20 @@ void check_inputs(const at::Tensor& means, const at::Tensor& quats, const at::Te
 }  // namespace
 
 // Returns (radii [N, 2] int32, means2d [N, 2], depths [N], conics [N, 3], compensations [N],
-// empty unless `antialiased`); culled Gaussians get zeros.
+// empty unless `antialiased`); culled Gaussians get zeros. `tile_mask`: [TH * TW] bool of the
+// tiles that will be rendered (tiles of `tile_size` pixels), or empty for every tile.
 std::vector<at::Tensor> project_forward(const at::Tensor& means, const at::Tensor& quats, const at::Tensor& scales,
                                         const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height,
-                                        double near_plane, double far_plane, double eps2d, bool antialiased) {
+                                        double near_plane, double far_plane, double eps2d, bool antialiased,
+                                        const at::Tensor& tile_mask, int64_t tile_size) {
   check_inputs(means, quats, scales, viewmat, K);
   const int64_t n = means.size(0);
+  const int64_t tile_width = (width + tile_size - 1) / tile_size, tile_height = (height + tile_size - 1) / tile_size;
+  TORCH_CHECK(!tile_mask.numel() || (tile_mask.scalar_type() == at::kBool && tile_mask.is_contiguous() &&
+                                     tile_mask.numel() == tile_width * tile_height),
+              "projection_cpu: tile_mask must be a contiguous [TH * TW] bool");
+  std::optional<turbogs_cpu::TileTable> tiles;
+  if (tile_mask.numel()) tiles.emplace(tile_mask.data_ptr<bool>(), tile_width, tile_height);
   auto radii = at::empty({n, 2}, means.options().dtype(at::kInt));
   auto means2d = at::empty({n, 2}, means.options());
   auto depths = at::empty({n}, means.options());
@@ -283,7 +295,14 @@ std::vector<at::Tensor> project_forward(const at::Tensor& means, const at::Tenso
       Projection<T> p;
       for (int64_t g = begin; g < end; ++g) {
         project_one(cam, mean + 3 * g, quat + 4 * g, scale + 3 * g, p);
-        const bool visible = radii_of(cam, p, r + 2 * g);
+        bool visible = radii_of(cam, p, r + 2 * g);
+        if (visible && tiles) {  // does its tile box reach a rendered tile? (the float32 rule of the twins)
+          int64_t box[4];
+          turbogs_cpu::tile_box(static_cast<float>(p.mean2d[0]), static_cast<float>(p.mean2d[1]), r[2 * g],
+                                r[2 * g + 1], tile_size, tile_width, tile_height, box);
+          visible = tiles->any(box);
+          if (!visible) r[2 * g] = r[2 * g + 1] = 0;
+        }
         m2[2 * g] = visible ? p.mean2d[0] : T(0);
         m2[2 * g + 1] = visible ? p.mean2d[1] : T(0);
         d[g] = visible ? p.depth : T(0);

@@ -256,14 +256,16 @@ std::vector<at::Tensor> intersect_tiles(const at::Tensor& means2d, const at::Ten
                                         const at::Tensor& tile_mask);
 
 // sh_cpu.cpp
-at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs);
-std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs,
-                                    const at::Tensor& grad_out);
+at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& sh0, const at::Tensor& rest,
+                      const at::Tensor& masks);
+std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& sh0,
+                                    const at::Tensor& rest, const at::Tensor& masks, const at::Tensor& grad_out);
 
 // projection_cpu.cpp
 std::vector<at::Tensor> project_forward(const at::Tensor& means, const at::Tensor& quats, const at::Tensor& scales,
                                         const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height,
-                                        double near_plane, double far_plane, double eps2d, bool antialiased);
+                                        double near_plane, double far_plane, double eps2d, bool antialiased,
+                                        const at::Tensor& tile_mask, int64_t tile_size);
 std::vector<at::Tensor> project_backward(const at::Tensor& means, const at::Tensor& quats, const at::Tensor& scales,
                                          const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height,
                                          double eps2d, const at::Tensor& radii, const at::Tensor& grad_means2d,

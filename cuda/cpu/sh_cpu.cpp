@@ -84,37 +84,59 @@ T normalize(const T* d, T& x, T& y, T& z, bool& clamped) {
   return length;
 }
 
-int64_t checked_bases(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs) {
+// The coefficients come in the two parts Gaussians store them in, the DC term sh0 [N, 1, 3] and
+// the rest [N, R, 3] (R may exceed what the degree uses, or be 0 at degree 0), so that a
+// training step neither concatenates them nor splits the gradient afterwards.
+int64_t checked_bases(int64_t degree, const at::Tensor& dirs, const at::Tensor& sh0, const at::Tensor& rest) {
   TORCH_CHECK(degree >= 0 && degree <= 3, "sh_cpu: degree must be 0-3");
-  TORCH_CHECK(dirs.device().is_cpu() && coeffs.device().is_cpu() && dirs.is_contiguous() && coeffs.is_contiguous(),
+  TORCH_CHECK(dirs.device().is_cpu() && sh0.device().is_cpu() && rest.device().is_cpu() && dirs.is_contiguous() &&
+                  sh0.is_contiguous() && rest.is_contiguous(),
               "sh_cpu: inputs must be contiguous CPU tensors");
-  TORCH_CHECK(dirs.dim() == 2 && dirs.size(1) == 3 && coeffs.dim() == 3 && coeffs.size(2) == 3 &&
-                  coeffs.size(0) == dirs.size(0) && dirs.scalar_type() == coeffs.scalar_type(),
-              "sh_cpu: dirs [N, 3] and coeffs [N, K, 3] of one dtype");
+  const int64_t n = dirs.size(0);
+  TORCH_CHECK(dirs.dim() == 2 && dirs.size(1) == 3 && sh0.dim() == 3 && sh0.size(0) == n && sh0.size(1) == 1 &&
+                  sh0.size(2) == 3 && rest.dim() == 3 && rest.size(0) == n && rest.size(2) == 3 &&
+                  dirs.scalar_type() == sh0.scalar_type() && dirs.scalar_type() == rest.scalar_type(),
+              "sh_cpu: dirs [N, 3], sh0 [N, 1, 3] and rest [N, R, 3] of one dtype");
   const int64_t num_bases = (degree + 1) * (degree + 1);
-  TORCH_CHECK(coeffs.size(1) >= num_bases, "sh_cpu: too few coefficients for the degree");
+  TORCH_CHECK(rest.size(1) + 1 >= num_bases, "sh_cpu: too few coefficients for the degree");
   return num_bases;
+}
+
+// The mask's rows, or nullptr for every row.
+const bool* checked_masks(const at::Tensor& masks, int64_t n) {
+  if (!masks.numel()) return nullptr;
+  TORCH_CHECK(masks.scalar_type() == at::kBool && masks.is_contiguous() && masks.numel() == n,
+              "sh_cpu: masks must be a contiguous [N] bool");
+  return masks.data_ptr<bool>();
 }
 
 }  // namespace
 
 // [N, 3]: the raw SH value (the caller adds 0.5).
-at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs) {
-  const int64_t num_bases = checked_bases(degree, dirs, coeffs), n = dirs.size(0), k_all = coeffs.size(1);
+// `masks`: [N] bool, or empty for every row; a masked-out row is 0 (gsplat's `masks`).
+at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& sh0, const at::Tensor& rest,
+                      const at::Tensor& masks) {
+  const int64_t num_bases = checked_bases(degree, dirs, sh0, rest), n = dirs.size(0), r_all = rest.size(1);
+  const bool* keep = checked_masks(masks, n);
   auto out = at::empty({n, 3}, dirs.options());
   AT_DISPATCH_FLOATING_TYPES(dirs.scalar_type(), "sh_forward", [&] {
-    const scalar_t *d = dirs.data_ptr<scalar_t>(), *c = coeffs.data_ptr<scalar_t>();
+    const scalar_t *d = dirs.data_ptr<scalar_t>(), *c0 = sh0.data_ptr<scalar_t>(), *cr = rest.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
       scalar_t b[kMaxBases];
       for (int64_t g = begin; g < end; ++g) {
+        if (keep && !keep[g]) {
+          o[3 * g] = o[3 * g + 1] = o[3 * g + 2] = 0;
+          continue;
+        }
         scalar_t x, y, z;
         bool clamped;
         normalize(d + 3 * g, x, y, z, clamped);
         bases(num_bases, x, y, z, b);
-        const scalar_t* cg = c + g * k_all * 3;
-        scalar_t sum[3] = {0, 0, 0};
-        for (int64_t k = 0; k < num_bases; ++k)
+        const scalar_t* cg = cr + g * r_all * 3 - 3;  // cg[k * 3 + ch] for k >= 1
+        scalar_t sum[3];
+        for (int ch = 0; ch < 3; ++ch) sum[ch] = b[0] * c0[3 * g + ch];
+        for (int64_t k = 1; k < num_bases; ++k)
           for (int ch = 0; ch < 3; ++ch) sum[ch] += b[k] * cg[k * 3 + ch];
         for (int ch = 0; ch < 3; ++ch) o[3 * g + ch] = sum[ch];
       }
@@ -123,28 +145,48 @@ at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& 
   return out;
 }
 
-// (grad dirs [N, 3], grad coeffs [N, K, 3]) from the gradient of the value [N, 3].
-std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& coeffs,
-                                    const at::Tensor& grad_out) {
-  const int64_t num_bases = checked_bases(degree, dirs, coeffs), n = dirs.size(0), k_all = coeffs.size(1);
+// (grad dirs [N, 3], grad sh0 [N, 1, 3], grad rest [N, R, 3]) from the gradient of the value
+// [N, 3]; masked-out rows get zeros. Every entry is written once in the loop (no zero fill
+// first: at 100k Gaussians and degree 3 that fill alone was a pass over 18 MB).
+std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, const at::Tensor& sh0,
+                                    const at::Tensor& rest, const at::Tensor& masks, const at::Tensor& grad_out) {
+  const int64_t num_bases = checked_bases(degree, dirs, sh0, rest), n = dirs.size(0), r_all = rest.size(1);
+  const bool* keep = checked_masks(masks, n);
   TORCH_CHECK(grad_out.is_contiguous() && grad_out.scalar_type() == dirs.scalar_type() && grad_out.numel() == n * 3,
               "sh_cpu: the gradient must be a contiguous [N, 3] of the inputs' dtype");
   auto grad_dirs = at::empty({n, 3}, dirs.options());
-  auto grad_coeffs = at::zeros_like(coeffs);
+  auto grad_sh0 = at::empty_like(sh0);
+  auto grad_rest = at::empty_like(rest);
   AT_DISPATCH_FLOATING_TYPES(dirs.scalar_type(), "sh_backward", [&] {
-    const scalar_t *d = dirs.data_ptr<scalar_t>(), *c = coeffs.data_ptr<scalar_t>(), *v = grad_out.data_ptr<scalar_t>();
-    scalar_t *gd = grad_dirs.data_ptr<scalar_t>(), *gc = grad_coeffs.data_ptr<scalar_t>();
+    const scalar_t *d = dirs.data_ptr<scalar_t>(), *c0 = sh0.data_ptr<scalar_t>(), *cr = rest.data_ptr<scalar_t>();
+    const scalar_t* v = grad_out.data_ptr<scalar_t>();
+    scalar_t *gd = grad_dirs.data_ptr<scalar_t>(), *g0 = grad_sh0.data_ptr<scalar_t>();
+    scalar_t* gr = grad_rest.data_ptr<scalar_t>();
     at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
       scalar_t b[kMaxBases], vb[kMaxBases];
       for (int64_t g = begin; g < end; ++g) {
+        scalar_t* grg = gr + g * r_all * 3;
+        const bool skip = keep && !keep[g];
+        const int64_t used = skip ? 0 : (num_bases - 1) * 3;  // the rest's entries this degree uses
+        std::fill(grg + used, grg + r_all * 3, scalar_t(0));
+        if (skip) {
+          gd[3 * g] = gd[3 * g + 1] = gd[3 * g + 2] = 0;
+          g0[3 * g] = g0[3 * g + 1] = g0[3 * g + 2] = 0;
+          continue;
+        }
         scalar_t x, y, z;
         bool clamped;
         const scalar_t length = normalize(d + 3 * g, x, y, z, clamped);
         bases(num_bases, x, y, z, b);
-        const scalar_t* cg = c + g * k_all * 3;
         const scalar_t* vg = v + 3 * g;
-        scalar_t* gcg = gc + g * k_all * 3;
-        for (int64_t k = 0; k < num_bases; ++k) {
+        vb[0] = 0;
+        for (int ch = 0; ch < 3; ++ch) {
+          g0[3 * g + ch] = b[0] * vg[ch];
+          vb[0] += c0[3 * g + ch] * vg[ch];
+        }
+        const scalar_t* cg = cr + g * r_all * 3 - 3;  // index k * 3 + ch for k >= 1
+        scalar_t* gcg = grg - 3;
+        for (int64_t k = 1; k < num_bases; ++k) {
           vb[k] = 0;
           for (int ch = 0; ch < 3; ++ch) {
             gcg[k * 3 + ch] = b[k] * vg[ch];
@@ -162,5 +204,5 @@ std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, cons
       }
     });
   });
-  return {grad_dirs, grad_coeffs};
+  return {grad_dirs, grad_sh0, grad_rest};
 }

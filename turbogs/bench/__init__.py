@@ -48,7 +48,8 @@ from turbogs.bench.report import PSNR_TOLERANCE_DB, markdown_report, speedups, t
 from turbogs.bench.race import BenchSettings, parse_presets, race_presets, split_steps
 from turbogs.bench.scenes import SceneSpec, parse_scene_spec
 from turbogs.bench.settings import apply_settings, config_record
-from turbogs.bench.step_cost import random_tile_mask, replicated_gaussians, run_step_cost
+from turbogs.bench.step_cost import random_tile_mask, run_step_cost
+from turbogs.bench.step_trainer import replicated_gaussians
 
 __all__ = [
     "BenchSettings", "CURVE_COLORS", "PLOT_SIZE", "PSNR_TOLERANCE_DB", "SceneSpec", "apply_settings",

@@ -297,9 +297,21 @@ def run_preset(name: str, scene: Scene, settings: BenchSettings, bar: tqdm, firs
 # --- the whole bench ----------------------------------------------------------------
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name as lscpu gives it (/proc/cpuinfo's "model name"), or the platform's
+    word for the processor where there is no such file."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine_info(device: torch.device) -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    info = {"platform": platform.platform(), "cpu": cpu_model_name(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda

@@ -14,9 +14,8 @@ import torch
 
 from turbogs import kernels
 from turbogs.bench.race import BenchSettings, base_config, load_bench_scene, machine_info
-from turbogs.bench.step_trainer import RUN_STEPS, trainer_at, without_points
+from turbogs.bench.step_trainer import RUN_STEPS, replicated_gaussians, trainer_at, without_points
 from turbogs.fileio import atomic_write_json, atomic_write_text
-from turbogs.gaussians import Gaussians
 from turbogs.training.clock import synchronize
 from turbogs.training.outdir import check_output_dir
 from turbogs.training.start import initial_gaussians
@@ -28,19 +27,6 @@ PROFILE_PROGRESS = (0.1, 0.7)
 
 
 # --- step cost ----------------------------------------------------------------------
-
-
-def replicated_gaussians(base: Gaussians, count: int, generator: torch.Generator) -> Gaussians:
-    """`count` Gaussians cloned at random from `base`: a stand-in for a densified model.
-    Each clone's center is jittered by its own size, and sizes shrink by
-    (count / len(base))^(1/3) so that the clones cover about the space the originals did."""
-    rows = torch.randint(len(base), (count,), generator=generator)
-    params = {name: value.detach()[rows].clone() for name, value in base.raw().items()}
-    shrink = math.log((count / len(base)) ** (1 / 3)) if count > len(base) else 0.0
-    jitter = torch.randn(count, 3, generator=generator) * params["scales"].exp()
-    params["means"] = params["means"] + jitter
-    params["scales"] = params["scales"] - shrink
-    return Gaussians(params, base.sh_degree, base.active_sh_degree, antialiased=base.antialiased)
 
 
 def random_tile_mask(tile_rows: int, tile_cols: int, fraction: float, generator: torch.Generator) -> torch.Tensor:

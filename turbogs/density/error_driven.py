@@ -53,20 +53,18 @@ statistics are used), `extra_loss` the blame term, `observe` reads the probe's g
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from turbogs.density import rows
 from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.tiles import TILE_SIZE, sampled_pixels, tile_grid
+from turbogs.tiles import sampled_pixels
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -115,44 +113,6 @@ def blame_term(out, pixel_error_map: Tensor, tile_mask: Optional[Tensor] = None)
     err = torch.where(inside, pixel_error_map.detach().to(extra.dtype), zero)
     targets = torch.stack([err, inside.to(extra.dtype)], dim=-1)  # [H, W, 2]
     return (torch.where(inside[..., None], extra, zero) * targets).sum()
-
-
-@torch.no_grad()
-def exposed_gaussians(means2d: Tensor, radii: Tensor, tile_mask: Optional[Tensor], width: int, height: int,
-                      tile_size: int = TILE_SIZE) -> Tensor:
-    """[N] bool: visible Gaussians whose screen box (center +- radius, the renderer's tile
-    rule) overlaps at least one sampled tile, i.e. that were given a chance to contribute.
-    One summed-area table of the tile mask answers every box in O(1): the four corners'
-    entries, read in one gather (every training step runs this, so it is written in few ops)."""
-    tile_height, tile_width = tile_grid(height, width, tile_size)
-    device = means2d.device
-    if tile_mask is None:
-        tile_mask = torch.ones(tile_height, tile_width, dtype=torch.bool, device=device)
-    # table[y, x] = the sampled tiles above and left of tile corner (x, y); flat, row-major
-    table = F.pad(tile_mask.to(device).cumsum(0).cumsum(1), (1, 0, 1, 0)).reshape(-1)
-
-    center = means2d.detach().float() / tile_size
-    reach = radii.float()[:, None] / tile_size
-    low, high, corners, signs = _box_constants(tile_width, tile_height, device)
-    box = torch.cat([torch.floor(center - reach), torch.ceil(center + reach)], dim=-1)  # [N, 4]: x0, y0, x1, y1
-    box = torch.clamp(box, low, high).long()  # tile corners, inside the table
-    count = (table[(box[:, None, :] * corners).sum(-1)] * signs).sum(-1)  # sampled tiles in the box
-    return (radii > 0) & (count > 0)
-
-
-@functools.lru_cache(maxsize=16)
-def _box_constants(tile_width: int, tile_height: int, device: torch.device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """What exposed_gaussians needs of a tile grid, made once per grid (a tensor built from host
-    numbers every step is a host-to-device copy every step, which on CUDA waits for the queue):
-    the box's limits [4], the rows [4, 4] that turn a box (x0, y0, x1, y1) into the flat
-    table indices of its corners (x1, y1), (x1, y0), (x0, y1), (x0, y0), and their signs in
-    the box's sum, + - - +."""
-    row = tile_width + 1  # the table's row length
-    low = torch.zeros(4, device=device)
-    high = torch.tensor([tile_width, tile_height] * 2, dtype=torch.float32, device=device)
-    corners = torch.tensor([[0, 0, 1, row], [0, row, 1, 0], [1, 0, 0, row], [1, row, 0, 0]], device=device)
-    signs = torch.tensor([1, -1, -1, 1], device=device)
-    return low, high, corners, signs
 
 
 # --- the strategy -----------------------------------------------------------------
@@ -298,8 +258,7 @@ class ErrorDrivenDensity(Strategy):
         if step_info.grad_scale != 1.0:  # the view's share of the step's mean loss, undone
             blame = blame * step_info.grad_scale
         render_out = step_info.render
-        exposed = exposed_gaussians(render_out.means2d, render_out.radii, render_out.tile_mask,
-                                    step_info.width, step_info.height)
+        exposed = render_out.visible  # the render culls what reaches no sampled tile (tiles.boxes_touch_tiles)
         fade = self._view_opacity_gradient(step_info).to(blame) * step_info.grad_scale
         return {"blame": blame[:, 0], "weight": blame[:, 1], "exposed": exposed.to(blame.dtype), "fade": fade}
 

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import torch
 
 from turbogs.kernels import raster_cpu, raster_gsplat, raster_torch, turbo_cpu, turbo_cuda, turbo_torch
+from turbogs.tiles import TILE_SIZE
 
 _twins = False  # --torch-twins: TurboGS's own ops run as their torch twins (CUDA and CPU)
 
@@ -95,22 +96,31 @@ def _raster_backend(cuda: bool, dtype: torch.dtype = torch.float32):
 
 
 def project(means, quats, scales, viewmat, K, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3,
-            antialiased=False):
-    """Project Gaussians into one camera.
+            antialiased=False, tile_mask=None, tile_size=TILE_SIZE):
+    """Project Gaussians into one camera; `quats` need not be normalized (every backend
+    normalizes them).
 
     Returns radii [N, 2] int32 (0 where culled), means2d [N, 2], depths [N], conics [N, 3];
     with `antialiased` (gsplat's rasterize_mode="antialiased"), a fifth tensor: each
     Gaussian's opacity compensation [N] for the eps2d blur (0 where culled), which the
-    caller multiplies into the opacities.
+    caller multiplies into the opacities. With `tile_mask` [TH, TW], Gaussians that reach
+    none of its tiles are culled too.
     """
     return _raster_backend(on_cuda(means), means.dtype).project(
-        means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased
+        means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased, tile_mask, tile_size
     )
 
 
-def spherical_harmonics(degree, dirs, coeffs):
-    """Evaluate SH of `degree` along unit-or-not `dirs` [N, 3] with coeffs [N, K, 3] -> [N, 3]."""
-    return _raster_backend(on_cuda(coeffs), coeffs.dtype).spherical_harmonics(degree, dirs, coeffs)
+def spherical_harmonics(degree, dirs, coeffs, masks=None):
+    """Evaluate SH of `degree` along unit-or-not `dirs` [N, 3] with coeffs [N, K, 3] -> [N, 3].
+    With `masks` [N] bool (gsplat's argument), rows where it is False are 0 and get no gradient."""
+    return _raster_backend(on_cuda(coeffs), coeffs.dtype).spherical_harmonics(degree, dirs, coeffs, masks)
+
+
+def spherical_harmonics_parts(degree, dirs, sh0, rest, masks=None):
+    """`spherical_harmonics` of cat([sh0, rest], 1) (the DC term [N, 1, 3] and the higher bands
+    [N, R, 3], as Gaussians store them), without the concatenation where the backend can."""
+    return _raster_backend(on_cuda(sh0), sh0.dtype).spherical_harmonics_parts(degree, dirs, sh0, rest, masks)
 
 
 def intersect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, tile_mask=None):

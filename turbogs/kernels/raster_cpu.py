@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from turbogs.kernels import raster_torch
+from turbogs.tiles import TILE_SIZE
 from turbogs.kernels.turbo_cuda import build_module
 
 _state = {"module": None, "tried": False}
@@ -133,9 +134,11 @@ class _Project(torch.autograd.Function):
     The backward recomputes the forward's intermediates; it keeps only the radii (who was culled)."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased):
+    def forward(ctx, means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased,
+                tile_mask, tile_size):
         radii, means2d, depths, conics, compensations = native_module().project_forward(
-            means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased)
+            means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased, tile_mask,
+            tile_size)
         ctx.save_for_backward(means, quats, scales, viewmat, K, radii)
         ctx.size, ctx.eps2d, ctx.antialiased = (width, height), eps2d, antialiased
         ctx.mark_non_differentiable(radii)
@@ -154,50 +157,71 @@ class _Project(torch.autograd.Function):
             dense(grad_depths, n), dense(grad_conics, n, 3),
             dense(grad_compensations, n) if ctx.antialiased else means.new_empty(0),
         )
-        return g_means, g_quats, g_scales, None, None, None, None, None, None, None, None
+        return g_means, g_quats, g_scales, None, None, None, None, None, None, None, None, None, None
 
 
-def project(means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased=False):
+def project(means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d, antialiased=False,
+            tile_mask=None, tile_size=TILE_SIZE):
     """Same inputs, outputs and rules as `raster_torch.project`: in C++ for one camera whose
     viewmat and K need no gradient (ours never do), the twin otherwise."""
     if viewmat.requires_grad or K.requires_grad or means.dim() != 2 or means.dtype != viewmat.dtype:
         return raster_torch.project(means, quats, scales, viewmat, K, width, height, near_plane, far_plane, eps2d,
-                                    antialiased)
+                                    antialiased, tile_mask, tile_size)
     dtype = means.dtype
+    mask = torch.empty(0, dtype=torch.bool) if tile_mask is None else tile_mask.reshape(-1).to(torch.bool).contiguous()
     radii, means2d, depths, conics, compensations = _Project.apply(
         means.contiguous(), quats.to(dtype).contiguous(), scales.to(dtype).contiguous(), viewmat.contiguous(),
         K.to(dtype).contiguous(), int(width), int(height), float(near_plane), float(far_plane), float(eps2d),
-        bool(antialiased),
+        bool(antialiased), mask, int(tile_size),
     )
     return (radii, means2d, depths, conics, compensations) if antialiased else (radii, means2d, depths, conics)
 
 
 class _SphericalHarmonics(torch.autograd.Function):
-    """sh_cpu.cpp's forward and its written-out backward (to the directions and coefficients)."""
+    """sh_cpu.cpp's forward and its written-out backward (to the directions and both parts of
+    the coefficients: the DC term and the rest)."""
 
     @staticmethod
-    def forward(ctx, degree, dirs, coeffs):
-        ctx.save_for_backward(dirs, coeffs)
+    def forward(ctx, degree, dirs, sh0, rest, masks):
+        ctx.save_for_backward(dirs, sh0, rest, masks)
         ctx.degree = degree
-        return native_module().sh_forward(degree, dirs, coeffs)
+        return native_module().sh_forward(degree, dirs, sh0, rest, masks)
 
     @staticmethod
     def backward(ctx, grad):
-        dirs, coeffs = ctx.saved_tensors
-        g_dirs, g_coeffs = native_module().sh_backward(ctx.degree, dirs, coeffs, grad.contiguous())
-        return None, g_dirs if ctx.needs_input_grad[1] else None, g_coeffs if ctx.needs_input_grad[2] else None
+        dirs, sh0, rest, masks = ctx.saved_tensors
+        g_dirs, g_sh0, g_rest = native_module().sh_backward(ctx.degree, dirs, sh0, rest, masks, grad.contiguous())
+        wanted = ctx.needs_input_grad
+        return (None, g_dirs if wanted[1] else None, g_sh0 if wanted[2] else None, g_rest if wanted[3] else None,
+                None)
 
 
-def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
+def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor, masks: Optional[Tensor] = None) -> Tensor:
     """Same inputs, output and rules as `raster_torch.spherical_harmonics` (dirs [N, 3],
-    coeffs [N, K, 3]): in C++ for degrees 0-3 and these shapes, the twin otherwise (degree 4,
-    batch dimensions), which only our own tools ask for."""
+    coeffs [N, K, 3], masks [N] bool or None): in C++ for degrees 0-3 and these shapes, the
+    twin otherwise (degree 4, batch dimensions), which only our own tools ask for."""
     num_bases = (degree + 1) ** 2
     if num_bases > coeffs.shape[-2]:
         raise ValueError(f"SH degree {degree} needs {num_bases} coefficients, got {coeffs.shape[-2]}")
     if degree > 3 or dirs.dim() != 2 or coeffs.dim() != 3 or coeffs.shape[-1] != 3:
-        return raster_torch.spherical_harmonics(degree, dirs, coeffs)
-    return _SphericalHarmonics.apply(int(degree), dirs.to(coeffs.dtype).contiguous(), coeffs.contiguous())
+        return raster_torch.spherical_harmonics(degree, dirs, coeffs, masks)
+    return spherical_harmonics_parts(degree, dirs, coeffs[:, :1], coeffs[:, 1:num_bases], masks)
+
+
+def spherical_harmonics_parts(degree: int, dirs: Tensor, sh0: Tensor, rest: Tensor,
+                              masks: Optional[Tensor] = None) -> Tensor:
+    """`spherical_harmonics` of the coefficients cat([sh0, rest], 1), read where they lie: the
+    C++ reads both parts and writes both gradients, so that a training step neither copies the
+    coefficients together nor the gradient apart (three passes over them at degree 3). A
+    masked-out row costs nothing, forward or backward: the renderer masks what it culled."""
+    if (degree + 1) ** 2 > 1 + rest.shape[-2]:
+        raise ValueError(f"SH degree {degree} needs {(degree + 1) ** 2} coefficients, got {1 + rest.shape[-2]}")
+    if degree > 3 or dirs.dim() != 2 or sh0.dim() != 3 or rest.dim() != 3:
+        return raster_torch.spherical_harmonics_parts(degree, dirs, sh0, rest, masks)
+    dtype = sh0.dtype
+    keep = torch.empty(0, dtype=torch.bool) if masks is None else masks.to(torch.bool).contiguous()
+    return _SphericalHarmonics.apply(int(degree), dirs.to(dtype).contiguous(), sh0.contiguous(),
+                                     rest.to(dtype).contiguous(), keep)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from turbogs.errors import TurboGSError
 from turbogs.kernels.raster_torch import zero_culled
-from turbogs.tiles import sampled_pixels
+from turbogs.tiles import TILE_SIZE, boxes_touch_tiles, sampled_pixels
 
 
 @lru_cache(maxsize=None)
@@ -43,6 +43,8 @@ def project(
     far_plane: float,
     eps2d: float,
     antialiased: bool = False,
+    tile_mask: Optional[Tensor] = None,
+    tile_size: int = TILE_SIZE,
 ):
     from gsplat.cuda._wrapper import fully_fused_projection
 
@@ -52,16 +54,24 @@ def project(
     )
     radii, means2d, depths, conics = radii[0], means2d[0], depths[0], conics[0]
     visible = (radii > 0).all(dim=-1)
+    if tile_mask is not None:  # the twin's cull, in a few tensor ops on the device (no read)
+        visible &= boxes_touch_tiles(means2d, radii, tile_mask, width, height, tile_size)
+        radii = torch.where(visible[:, None], radii, 0)
     projected = zero_culled(radii, means2d, depths, conics, visible)
     if not antialiased:
         return projected
     return projected + (torch.where(visible, compensations[0], 0.0),)
 
 
-def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
+def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor, masks: Optional[Tensor] = None) -> Tensor:
     from gsplat.cuda._wrapper import spherical_harmonics as gsplat_sh
 
-    return gsplat_sh(degree, dirs, coeffs)
+    return gsplat_sh(degree, dirs, coeffs, masks)
+
+
+def spherical_harmonics_parts(degree: int, dirs: Tensor, sh0: Tensor, rest: Tensor,
+                              masks: Optional[Tensor] = None) -> Tensor:
+    return spherical_harmonics(degree, dirs, torch.cat([sh0, rest[:, : (degree + 1) ** 2 - 1]], dim=1), masks)
 
 
 @torch.no_grad()

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from turbogs.kernels.projection_torch import covariance, perspective_projection, world_to_camera
 from turbogs.kernels.projection_torch import spherical_harmonics as _spherical_harmonics
+from turbogs.tiles import TILE_SIZE, boxes_touch_tiles
 
 # The constants of gsplat's CUDA kernels.
 RADIUS_EXTENT = 3.33  # a Gaussian's screen radius, in standard deviations
@@ -60,13 +61,18 @@ def project(
     far_plane: float,
     eps2d: float,
     antialiased: bool = False,
+    tile_mask: Optional[Tensor] = None,
+    tile_size: int = TILE_SIZE,
 ):
     """Project Gaussians into one pinhole camera.
 
     Returns radii [N, 2] int32, means2d [N, 2], depths [N], conics [N, 3]. Culled
     Gaussians (outside near/far, degenerate, or off the image) get radii 0 and zeros
-    elsewhere, as the CUDA backend reports them. With `antialiased`, also the opacity
-    compensations [N] of Mip-Splatting's 2D filter (`opacity_compensation`).
+    elsewhere, as the CUDA backend reports them. With `tile_mask` [TH, TW], so are those
+    whose screen box reaches none of its tiles (`tiles.boxes_touch_tiles`): a step that
+    renders a quarter of the tiles then evaluates SH, sorts and differentiates only the
+    Gaussians it can see. With `antialiased`, also the opacity compensations [N] of
+    Mip-Splatting's 2D filter (`opacity_compensation`).
     """
     means_c, covars_c = world_to_camera(means, covariance(quats, scales), viewmat)
     depths = means_c[:, 2]
@@ -89,6 +95,9 @@ def project(
         visible &= (means2d[:, 0] + radius[:, 0] > 0) & (means2d[:, 0] - radius[:, 0] < width)
         visible &= (means2d[:, 1] + radius[:, 1] > 0) & (means2d[:, 1] - radius[:, 1] < height)
         radii = torch.where(visible[:, None], radius, 0).int()
+        if tile_mask is not None:
+            visible &= boxes_touch_tiles(means2d, radii, tile_mask, width, height, tile_size)
+            radii = torch.where(visible[:, None], radii, 0)
 
     safe_det = torch.where(visible, det, torch.ones_like(det))
     conics = torch.stack([var_y / safe_det, -cov_xy / safe_det, var_x / safe_det], dim=-1)
@@ -121,9 +130,20 @@ def zero_culled(radii: Tensor, means2d: Tensor, depths: Tensor, conics: Tensor, 
     )
 
 
-def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
-    """Raw SH value [N, 3] along `dirs` (normalized inside); the caller adds 0.5."""
-    return _spherical_harmonics(degree, dirs, coeffs)
+def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor, masks: Optional[Tensor] = None) -> Tensor:
+    """Raw SH value [N, 3] along `dirs` (normalized inside); the caller adds 0.5. With `masks`
+    [N] bool (gsplat's argument), rows where it is False are 0 and pass no gradient back."""
+    values = _spherical_harmonics(degree, dirs, coeffs)
+    if masks is None:
+        return values
+    return torch.where(masks[..., None], values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def spherical_harmonics_parts(degree: int, dirs: Tensor, sh0: Tensor, rest: Tensor,
+                              masks: Optional[Tensor] = None) -> Tensor:
+    """`spherical_harmonics` of the coefficients in the two parts Gaussians store them in, the
+    DC term sh0 [N, 1, 3] and the rest [N, R, 3] (its first (degree + 1)^2 - 1 are used)."""
+    return spherical_harmonics(degree, dirs, torch.cat([sh0, rest[:, : (degree + 1) ** 2 - 1]], dim=1), masks)
 
 
 # --- tile intersection ------------------------------------------------------------

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from turbogs import kernels
 from turbogs.data.scene import Camera
-from turbogs.gaussians import Gaussians, num_sh_bases
+from turbogs.gaussians import Gaussians
 from turbogs.tiles import TILE_SIZE, tile_grid
 
 EPS2D = 0.3  # screen-space blur added to every splat, as in gsplat and INRIA's 3DGS
@@ -33,7 +33,7 @@ class RenderOutput:
     means2d: Tensor  # [N, 2]; retains its grad when grad is enabled (densification reads it)
     radii: Tensor  # [N] int, the larger of the two screen radii; 0 = not visible
     depths: Tensor  # [N] camera-space z (0 where not visible)
-    visible: Tensor  # [N] bool
+    visible: Tensor  # [N] bool: reaches a rendered tile (in the view, and with a tile_mask one of its tiles)
     tile_mask: Optional[Tensor]  # [TH, TW] bool, the tiles that were composited
 
 
@@ -82,9 +82,11 @@ def render(
     viewmat = camera.world_to_cam.to(device=device, dtype=dtype)
     K = camera.K.to(device=device, dtype=dtype)
     antialiased = gaussians.antialiased if antialiased is None else antialiased
+    # The stored quaternions go in as they are (every backend normalizes them), and what reaches
+    # none of the rendered tiles is culled here, so that SH, sorting and the backward skip it.
     radii_xy, means2d, depths, conics, *compensation = kernels.project(
-        means, gaussians.quats, gaussians.scales, viewmat, K, width, height, near_plane, far_plane, EPS2D,
-        antialiased=antialiased,
+        means, gaussians.params["quats"], gaussians.scales, viewmat, K, width, height, near_plane, far_plane, EPS2D,
+        antialiased=antialiased, tile_mask=tile_mask, tile_size=TILE_SIZE,
     )
     opacities = gaussians.opacities * compensation[0] if antialiased else gaussians.opacities
     if means2d.requires_grad:
@@ -92,8 +94,9 @@ def render(
 
     # View-dependent color, as in 3DGS: SH evaluated along camera-center -> Gaussian.
     dirs = means - camera.center.to(device=device, dtype=dtype)
-    coeffs = gaussians.sh[:, : num_sh_bases(degree)]
-    colors = torch.clamp_min(kernels.spherical_harmonics(degree, dirs, coeffs) + 0.5, 0.0)
+    visible = (radii_xy > 0).all(dim=-1)
+    sh = kernels.spherical_harmonics_parts(degree, dirs, gaussians.params["sh0"], gaussians.params["shN"], visible)
+    colors = torch.clamp_min(sh + 0.5, 0.0)
 
     if background is not None:
         background = background.to(device=device, dtype=dtype).reshape(3)
@@ -112,7 +115,7 @@ def render(
         isect_offsets, flatten_ids, background, tile_mask,
     )
 
-    radii = radii_xy.max(dim=-1).values
+    radii = radii_xy.max(dim=-1).values  # where culled, 0 on both axes
     return RenderOutput(
         image=pixels[..., :3],
         alpha=alpha,
@@ -120,6 +123,6 @@ def render(
         means2d=means2d,
         radii=radii,
         depths=depths,
-        visible=radii > 0,
+        visible=visible,
         tile_mask=tile_mask,
     )
