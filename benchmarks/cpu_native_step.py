@@ -30,6 +30,7 @@ from turbogs import kernels
 from turbogs.bench.race import cpu_model_name
 from turbogs.bench.step_trainer import trainer_at, without_points
 from turbogs.data.load import load_scene
+from turbogs.device import keep_freed_memory
 from turbogs.formats.model_folder import load_gaussians
 from turbogs.training.config import get_preset
 
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
+    keep_freed_memory()  # as every CPU command does (turbogs/device.py): no page faults a step
 
     scene = without_points(load_scene(args.scene, resolution=args.resolution, eval_split=True, log=lambda *_: None))
     start = None if args.model is None else load_gaussians(Path(args.model), torch.device("cpu"))[0]
