@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--twin-threads", type=int, nargs="*", default=[1],
-                        help="thread counts to time the twins at (default 1: their ratio is taken at 1 thread; none: native only)")
+                        help="thread counts to time the twins at (default 1: their ratio is taken at 1 thread; "
+                             "none: native only)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()

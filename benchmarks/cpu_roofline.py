@@ -1,6 +1,6 @@
 """How close the CPU compositing kernels come to the core: Gaussian-pixel evaluations per second
 and FLOP/s of the native forward and backward passes on one thread, as a fraction of one core's
-peak (issue 50's roofline figure).
+peak.
 
     python benchmarks/cpu_roofline.py --scene PATH [-r 4] [--model MODEL_DIR] [--views 4]
         [--repeats 5] [--fma-units 2]
@@ -101,7 +101,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--views", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--fma-units", type=int, default=2, help="FMA units per core (2 on Xeon Gold/Platinum and Zen 4)")
+    parser.add_argument("--fma-units", type=int, default=2,
+                        help="FMA units per core (2 on Xeon Gold/Platinum and Zen 4)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     kernels.use_torch_twins(False)

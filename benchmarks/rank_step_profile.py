@@ -1,21 +1,24 @@
 """Where a step of 2 ranks goes on the CPU: each rank's own views, the one collective (its wait
-for the slower rank included) and the rest of the step, against one process's step (issue 50's
-"profile a 2-rank step").
+for the slower rank included) and the rest of the step, against one process's step.
 
     python benchmarks/rank_step_profile.py --scene PATH [-r 4] [--views 800] [--warmup 200]
 
 Each configuration trains turbo (coarse to fine off) from the same seed on --views views, one
 process one view a step and 2 ranks one view each a step (half the steps: equal views, so the
 same schedules and about the same Gaussian count), the first --warmup views untimed, with one
-thread a rank (gloo on 127.0.0.1, the ranks spawned here). The collective is
-timed around World.reduce_sum_and_max; a rank's wait for the other shows up inside it, so it is
-also split into the wait (a zero-byte barrier first, timed alone) and the transfer. Every figure
-is the median over the timed steps, per rank; views/s is the timed views over their seconds.
+thread a rank (gloo on 127.0.0.1, the ranks spawned here). The collective is timed around
+World.reduce_sum_and_max. A rank's wait for the
+other shows up inside the collective, so it is split into the wait (a barrier first, timed
+alone, which adds a round trip of its own) and the transfer. Every figure is the median over the
+timed steps, per rank; views/s is the timed views over their seconds. A rank's renders and
+backward passes are timed through the trainer's StepObserver; the rest of the step is what is
+left (sampling, the loss, the packing around the collective, the optimizer, density control).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -31,8 +34,27 @@ from turbogs.data.load import load_scene
 from turbogs.device import keep_freed_memory
 from turbogs.distributed.world import World
 from turbogs.training.config import get_preset
-from turbogs.training import trainer as trainer_module
+from turbogs.training.observer import StepObserver
 from turbogs.training.trainer import SessionOptions, Trainer
+
+
+class RenderTimer(StepObserver):
+    """The trainer's seam: the seconds of each step's renders and backward passes, summed."""
+
+    def __init__(self, seconds: list):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def _timed(self):
+        started = time.perf_counter()
+        yield
+        self.seconds[-1] += time.perf_counter() - started
+
+    def render(self):
+        return self._timed()
+
+    def backward(self):
+        return self._timed()
 
 
 def run_rank(rank: int, size: int, args, port: int, results) -> None:
@@ -46,7 +68,7 @@ def run_rank(rank: int, size: int, args, port: int, results) -> None:
     cfg.coarse_to_fine.enabled = False  # every step at the requested size: the steps compare one to one
     steps, warmup = args.views // size, args.warmup // size
     cfg = cfg.for_run(steps=steps, world_size=size)
-    times = {"step": [], "collective": [], "wait": [], "combine": []}
+    times = {"step": [], "collective": [], "wait": [], "view": []}
     original = world.reduce_sum_and_max
 
     def timed_reduce(summed, maxed):
@@ -59,24 +81,18 @@ def run_rank(rank: int, size: int, args, port: int, results) -> None:
         times["collective"].append(time.perf_counter() - started)
 
     world.reduce_sum_and_max = timed_reduce
-    combine = trainer_module.combine
-
-    def timed_combine(*args, **kwargs):  # the step's sums: the collective and what packs and unpacks it
-        started = time.perf_counter()
-        result = combine(*args, **kwargs)
-        times["combine"].append(time.perf_counter() - started)
-        return result
-
-    trainer_module.combine = timed_combine
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(scene, cfg, SessionOptions(out_dir=Path(tmp), evaluate=False, progress=False,
                                                      log=lambda *_: None, world=world))
+        trainer.observer = RenderTimer(times["view"])
         for step in range(steps):
+            times["view"].append(0.0)
             started = time.perf_counter()
             trainer.timed_step()
             times["step"].append(time.perf_counter() - started)
         count = len(trainer.gaussians)
-    summary = {key: statistics.median(values[warmup:]) if len(values) > warmup else 0.0 for key, values in times.items()}
+    summary = {key: statistics.median(values[warmup:]) if len(values) > warmup else 0.0
+               for key, values in times.items()}
     summary["views_per_second"] = (steps - warmup) * size / sum(times["step"][warmup:])
     summary["gaussians"] = count
     results[rank] = summary
@@ -92,20 +108,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200, help="views trained before the clock starts")
     args = parser.parse_args()
     keep_freed_memory()  # as every CPU command does
-    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.scene} -r {args.resolution}")
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; torch {torch.__version__}; "
+          f"{args.scene} -r {args.resolution}")
     one = {}
     run_rank(0, 1, args, 0, one)
     manager = mp.Manager()
     two = manager.dict()
     port = 29500 + os.getpid() % 1000
     mp.spawn(run_rank, args=(2, args, port, two), nprocs=2, join=True)
-    print(f"1 process: {one[0]['step'] * 1e3:.2f} ms a step of 1 view (its sums {one[0]['combine'] * 1e3:.2f} ms) ({one[0]['views_per_second']:.1f} views/s), "
+    print(f"1 process: {one[0]['step'] * 1e3:.2f} ms a step of 1 view "
+          f"(render and backward {one[0]['view'] * 1e3:.2f} ms) "
+          f"({one[0]['views_per_second']:.1f} views/s), "
           f"{one[0]['gaussians']} Gaussians at the end")
     for rank in (0, 1):
         r = two[rank]
-        print(f"2 ranks, rank {rank}: {r['step'] * 1e3:.2f} ms a step of 2 views; collective {r['collective'] * 1e3:.2f} ms "
-              f"(waiting for the other rank {r['wait'] * 1e3:.2f} ms, the transfer {(r['collective'] - r['wait']) * 1e3:.2f} ms), "
-              f"packing it {(r['combine'] - r['collective']) * 1e3:.2f} ms; "
+        print(f"2 ranks, rank {rank}: {r['step'] * 1e3:.2f} ms a step of 2 views "
+              f"(render and backward {r['view'] * 1e3:.2f} ms); "
+              f"collective {r['collective'] * 1e3:.2f} ms "
+              f"(waiting for the other rank {r['wait'] * 1e3:.2f} ms, "
+              f"the transfer {(r['collective'] - r['wait']) * 1e3:.2f} ms); "
               f"{two[rank]['gaussians']} Gaussians")
     print(f"views/s, 2 ranks / 1 process: {two[0]['views_per_second'] / one[0]['views_per_second']:.2f}x "
           f"({two[0]['views_per_second']:.1f} against {one[0]['views_per_second']:.1f})")

@@ -21,6 +21,7 @@ from turbogs.density.error_driven import (
     decay_opacity,
     make_probe,
     pixel_error,
+    tile_blame_term,
 )
 from turbogs.errors import InputError
 from turbogs.gaussians import PARAM_NAMES, Gaussians, num_sh_bases
@@ -190,6 +191,31 @@ def test_pixels_outside_sampled_tiles_never_contribute():
     image = torch.where(inside[..., None], out.image.detach(), torch.tensor(float("nan")))
     assert torch.equal(pixel_error(image, gt, TILE_MASK), error)
     assert bool((error[~inside] == 0).all()) and bool((error[inside] > 0).any())
+
+
+def test_the_blame_from_the_listed_tiles_equals_the_blame_over_the_image():
+    """tile_blame_term reads only the sampled tiles' pixels and gives blame_term's value (0) and
+    probe gradient, with a loss mask, partial tiles at the edges, and NaN outside the tiles."""
+    gaussians, camera, gt = make_scene_gaussians(30, seed=2), make_camera(40, 36), torch.rand(36, 40, 3)
+    tile_mask = torch.tensor([[True, False, True], [False, True, False], [False, False, True]])
+    ids = torch.nonzero(tile_mask.reshape(-1)).squeeze(1)
+    mask = (torch.rand(36, 40, generator=torch.Generator().manual_seed(5)) > 0.2).float()
+    inside = sampled_pixels(tile_mask, 40, 36)
+    grads = []
+    for listed in (False, True):
+        probe = make_probe(len(gaussians))
+        out = render(gaussians, camera, tile_mask=tile_mask, extra_features=probe)
+        out.extra = torch.where(inside[..., None], out.extra, torch.tensor(float("nan")))
+        image = torch.where(inside[..., None], out.image, torch.tensor(float("nan")))
+        if listed:
+            term = tile_blame_term(out, image, gt, ids, mask)
+        else:
+            term = blame_term(out, pixel_error(image, gt, tile_mask, mask), tile_mask)
+        assert float(term.detach()) == 0.0
+        term.backward()
+        grads.append(probe.grad.clone())
+    assert bool((grads[0] != 0).any())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
 def test_pixel_error_is_masked_mean_abs_difference():

@@ -239,3 +239,9 @@ def test_sampled_psnr_matches_a_boolean_gather():
         expected = -10 * math.log10(float(((image[keep] - gt[keep]) ** 2).mean()))
         assert float(sampled_psnr_tensor(garbage, gt, tile_mask, m)) == pytest.approx(expected, abs=1e-4)
     assert math.isnan(float(sampled_psnr_tensor(image, gt, tile_mask, torch.zeros(40, 50))))
+    # From the listed tiles alone (partial tiles at the right and bottom edges): the same figure.
+    ids = torch.nonzero(tile_mask.reshape(-1)).squeeze(1)
+    for m in (None, mask):
+        torch.testing.assert_close(sampled_psnr_tensor(garbage, gt, tile_mask, m, ids),
+                                   sampled_psnr_tensor(garbage, gt, tile_mask, m), rtol=1e-5, atol=1e-5)
+    assert math.isnan(float(sampled_psnr_tensor(image, gt, tile_mask, torch.zeros(40, 50), ids)))

@@ -281,7 +281,8 @@ def test_masked_spherical_harmonics_match_the_twin_and_leave_masked_rows_alone()
         for backend in (raster_cpu, raster_torch):
             leaves = dirs.clone().requires_grad_(), coeffs.clone().requires_grad_()
             value = backend.spherical_harmonics(degree, *leaves, keep)
-            (value * torch.randn(value.shape, generator=torch.Generator().manual_seed(5), dtype=value.dtype)).sum().backward()
+            weights = torch.randn(value.shape, generator=torch.Generator().manual_seed(5), dtype=value.dtype)
+            (value * weights).sum().backward()
             dirs_grad = torch.zeros_like(dirs) if leaves[0].grad is None else leaves[0].grad  # degree 0: none
             for got, want in zip((value.detach(), dirs_grad, leaves[1].grad), plain):
                 assert not got[~keep].any()

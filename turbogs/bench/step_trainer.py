@@ -10,9 +10,9 @@ RUN_STEPS steps whose step counter is moved to `progress` of it: every schedule 
 tiles, SH degree, learning rates) is where that point of a run has it, and nothing else of a
 trained model is pretended, unless a trained model's Gaussians are given (`start`): then the
 trainer starts from them, cloned up to N (`replicated_gaussians`), so that the sizes, opacities
-and overlap a step works through are a real model's. Coarse to fine is off: every step renders at the requested size,
-so that steps at different points of a run differ in what they render, not in how many pixels
-the images have.
+and overlap a step works through are a real model's. Coarse to fine is off: every step renders
+at the requested size, so that steps at different points of a run differ in what they render,
+not in how many pixels the images have.
 """
 
 from __future__ import annotations
@@ -70,4 +70,3 @@ def replicated_gaussians(base: Gaussians, count: int, generator: torch.Generator
     params["means"] = params["means"] + jitter
     params["scales"] = params["scales"] - shrink
     return Gaussians(params, base.sh_degree, base.active_sh_degree, antialiased=base.antialiased)
-

@@ -7,7 +7,7 @@ these hooks, in this order, every step (gsplat's Strategy, with the hooks TurboG
     for each view this rank trains this step:
         features = strategy.render_features(len(gaussians), progress, device)
         out = render(..., extra_features=features)                  # extra channels, or None
-        loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask) when not None)
+        loss = photometric loss (+ strategy.extra_loss(out, image, gt, tile_mask, mask, tile_ids) when not None)
                                 (+ strategy.regularizer(gaussians) when not None)
         strategy.before_backward(state, out); loss.backward()
         view_statistics = strategy.observe(state, DensityStep(...))  # this view's statistics
@@ -106,9 +106,10 @@ class Strategy:
         return None
 
     def extra_loss(self, render_out, image: Tensor, gt: Tensor, tile_mask: Optional[Tensor],
-                   mask: Optional[Tensor]) -> Optional[Tensor]:
+                   mask: Optional[Tensor], tile_ids: Optional[Tensor] = None) -> Optional[Tensor]:
         """A term to add to this step's loss, or None. `image` is the render as the loss compares
-        it with `gt` (after the per-photo appearance correction, when there is one)."""
+        it with `gt` (after the per-photo appearance correction, when there is one); `tile_ids`
+        lists the tiles of `tile_mask` (the sampler's), for a term that reads only those."""
         return None
 
     def regularizer(self, gaussians: Gaussians) -> Optional[Tensor]:

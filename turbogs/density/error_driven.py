@@ -64,7 +64,7 @@ from turbogs.density import rows
 from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.tiles import sampled_pixels
+from turbogs.tiles import sampled_pixels, tile_pixel_index
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -113,6 +113,30 @@ def blame_term(out, pixel_error_map: Tensor, tile_mask: Optional[Tensor] = None)
     err = torch.where(inside, pixel_error_map.detach().to(extra.dtype), zero)
     targets = torch.stack([err, inside.to(extra.dtype)], dim=-1)  # [H, W, 2]
     return (torch.where(inside[..., None], extra, zero) * targets).sum()
+
+
+def tile_blame_term(out, image: Tensor, gt: Tensor, tile_ids: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """blame_term(out, pixel_error(image, gt, tile_mask, mask), tile_mask) read from the listed
+    tiles' pixels alone (`tile_ids`, the tiles of tile_mask): the same value, 0, and the same
+    probe gradient, while a step on a quarter of the tiles does a quarter of the image's work.
+    Each listed pixel is gathered once (positions past the image's edge are masked out), and
+    the probe's gradient comes back through the gather into those pixels only."""
+    extra = out.extra
+    if extra is None or extra.shape[-1] != PROBE_CHANNELS:
+        raise ValueError(f"blame_term needs a render with extra_features = make_probe(n) ({PROBE_CHANNELS} channels)")
+    height, width = extra.shape[:2]
+    flat, valid = tile_pixel_index(tile_ids, height, width)
+    flat, valid = flat.reshape(-1), valid.reshape(-1)
+    with torch.no_grad():
+        err = (image.detach().reshape(-1, image.shape[-1])[flat] - gt.reshape(-1, gt.shape[-1])[flat].to(image)).abs()
+        err = err.mean(dim=-1)
+        if mask is not None:
+            err = err * mask.reshape(-1)[flat].to(err)
+        targets = torch.stack([err, torch.ones_like(err)], dim=-1).to(extra.dtype)  # [M, 2]
+    zero = torch.zeros((), dtype=extra.dtype, device=extra.device)
+    # torch.where, not a product: what the gather read past the edge, and anything undefined, never counts
+    picked = torch.where(valid[:, None], extra.reshape(-1, PROBE_CHANNELS)[flat], zero)
+    return (picked * torch.where(valid[:, None], targets, zero)).sum()
 
 
 # --- the strategy -----------------------------------------------------------------
@@ -232,10 +256,13 @@ class ErrorDrivenDensity(Strategy):
         return make_probe(n, device) if self.needs_blame(progress) else None
 
     def extra_loss(self, render_out, image: Tensor, gt: Tensor, tile_mask: Optional[Tensor],
-                   mask: Optional[Tensor]) -> Optional[Tensor]:
-        """The blame term (value 0) when the probe was rendered: the error the loss sees."""
+                   mask: Optional[Tensor], tile_ids: Optional[Tensor] = None) -> Optional[Tensor]:
+        """The blame term (value 0) when the probe was rendered: the error the loss sees, read
+        from the sampled tiles alone when they are listed."""
         if render_out.extra is None:
             return None
+        if tile_ids is not None and tile_mask is not None:
+            return tile_blame_term(render_out, image, gt, tile_ids, mask)
         return blame_term(render_out, pixel_error(image, gt, tile_mask, mask), tile_mask)
 
     @torch.no_grad()

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from turbogs.kernels import raster_torch
-from turbogs.tiles import TILE_SIZE
 from turbogs.kernels.turbo_cuda import build_module
+from turbogs.tiles import TILE_SIZE
 
 _state = {"module": None, "tried": False}
 

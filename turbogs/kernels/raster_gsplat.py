@@ -66,7 +66,9 @@ def project(
 def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor, masks: Optional[Tensor] = None) -> Tensor:
     from gsplat.cuda._wrapper import spherical_harmonics as gsplat_sh
 
-    return gsplat_sh(degree, dirs, coeffs, masks)
+    values = gsplat_sh(degree, dirs, coeffs, masks)
+    # gsplat leaves a masked-out row's value unwritten (empty memory): 0, as the twin's
+    return values if masks is None else torch.where(masks[:, None], values, 0.0)
 
 
 def spherical_harmonics_parts(degree: int, dirs: Tensor, sh0: Tensor, rest: Tensor,

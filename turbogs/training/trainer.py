@@ -206,7 +206,7 @@ class Trainer:
             loss, tile_errors = photometric_loss(image, gt, mask, cfg.loss.lambda_ssim), None
         if self.appearance is not None:
             loss = loss + self.appearance.regularizer(pick.view)
-        extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask)  # e.g. the blame term (value 0)
+        extra = self.density.extra_loss(out, image, gt, pick.tile_mask, mask, pick.tile_ids)  # e.g. the blame (value 0)
         if extra is not None:
             loss = loss + extra
         regularizer = self.density.regularizer(self.gaussians)  # e.g. MCMC's opacity and scale terms
@@ -222,8 +222,8 @@ class Trainer:
         statistics = self.density.observe(self.density_state, DensityStep(
             self.step + 1, progress, self.gaussians, self.optimizers, out, camera.width, camera.height, self.extent,
             features, grad_scale=self.views_per_step))
-        return ViewResult(loss.detach(), sampled_psnr_tensor(image, gt, pick.tile_mask, mask), out.visible,
-                          tile_errors, curvature, statistics)
+        psnr = sampled_psnr_tensor(image, gt, pick.tile_mask, mask, pick.tile_ids)
+        return ViewResult(loss.detach(), psnr, out.visible, tile_errors, curvature, statistics)
 
     def trainable_parameters(self) -> list:
         """Every tensor the optimizers step, in one order on every rank (for the all-reduce)."""
