@@ -168,6 +168,38 @@ def test_native_tile_cull_matches_the_twin_and_a_loop_over_tiles(seed):
             assert not leaf.grad[~expected].any() and leaf.grad[expected].any()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gaussians_just_off_the_image_are_culled_exactly_as_the_twin_culls_them(seed):
+    """Needles and discs of every orientation just outside each edge (some reaching in, some
+    not), with and without a tile mask: the native projection culls exactly the Gaussians the
+    twin culls (the image's edges and the tile boxes decided in one float rule)."""
+    viewmat, K = make_camera(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    n = 4000
+    depth = 1.0 + 6.0 * torch.rand(n, generator=g, dtype=torch.float64)
+    edge = torch.randint(4, (n,), generator=g)
+    # screen positions within 40 px of an edge, on either side of it
+    along = torch.rand(n, generator=g, dtype=torch.float64)
+    off = (torch.rand(n, generator=g, dtype=torch.float64) - 0.3) * 40
+    px = torch.where(edge == 0, -off, torch.where(edge == 1, WIDTH + off, along * WIDTH))
+    py = torch.where(edge == 2, -off, torch.where(edge == 3, HEIGHT + off, along * HEIGHT))
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    y_c = (py - cy) / fy * depth
+    x_c = (px - cx - K[0, 1] * y_c / depth) / fx * depth
+    means_c = torch.stack([x_c, y_c, depth], dim=-1)
+    means = (means_c - viewmat[:3, 3]) @ viewmat[:3, :3]
+    quats = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    scales = torch.exp(torch.rand(n, 3, generator=g, dtype=torch.float64) * math.log(1000.0)) * 2e-4
+    scales[: n // 2, 1:] = 1e-3  # needles
+    tile_mask = torch.rand((HEIGHT + 15) // 16, (WIDTH + 15) // 16, generator=g) < 0.3
+    for mask in (None, tile_mask):
+        native = raster_cpu.project(means, quats, scales, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D, tile_mask=mask)
+        twin = raster_torch.project(means, quats, scales, viewmat, K, WIDTH, HEIGHT, NEAR, FAR, EPS2D, tile_mask=mask)
+        assert torch.equal(native[0], twin[0])
+        visible = (twin[0] > 0).all(-1)
+        assert 0.1 * n < int(visible.sum()) < 0.9 * n
+
+
 def test_the_clamped_jacobian_and_the_normalize_floor_are_exercised():
     """The cases above are what they claim: some visible Gaussians have x/z or y/z past the
     widened field of view, and the quaternions span F.normalize's floor."""
