@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from turbogs.errors import TurboGSError
-from turbogs.tiles import sampled_pixels, tile_pixel_index
+from turbogs.tiles import listed_pixels, sampled_pixels
 
 ImageLike = Union[torch.Tensor, np.ndarray]
 
@@ -97,8 +97,7 @@ def sampled_psnr_tensor(image: torch.Tensor, gt: torch.Tensor, tile_mask: Option
     step on a quarter of the tiles pays a quarter of the image's worth."""
     image = image.detach()
     if tile_ids is not None and tile_mask is not None:
-        flat, valid = tile_pixel_index(tile_ids, image.shape[0], image.shape[1])
-        flat, valid = flat.reshape(-1), valid.reshape(-1)
+        flat, valid = listed_pixels(tile_ids, image.shape[0], image.shape[1])
         if mask is not None:
             valid = valid & (mask.reshape(-1)[flat] > 0.5)
         pixels = image.reshape(-1, image.shape[-1])[flat].clamp(0, 1)

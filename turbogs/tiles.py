@@ -45,6 +45,25 @@ def tile_pixel_index(tile_ids: Tensor, height: int, width: int, tile_size: int =
     return flat, valid
 
 
+# The last answer of listed_pixels, kept as sampled_pixels keeps its own (below).
+_last_listed = None
+
+
+def listed_pixels(tile_ids: Tensor, height: int, width: int, tile_size: int = TILE_SIZE) -> Tuple[Tensor, Tensor]:
+    """tile_pixel_index's answer flattened, [M] and [M] with M = K * ts * ts, for what reads
+    only the sampled tiles' pixels (the blame term, the bar's PSNR). The answer for the last
+    ids asked about is kept: a step asks for the same tiles twice, and each answer is a dozen
+    ops. Callers must not change `tile_ids` in place."""
+    global _last_listed
+    key = (tile_ids._version, height, width, tile_size, str(tile_ids.device))
+    if _last_listed is not None and _last_listed[0]() is tile_ids and _last_listed[1] == key:
+        return _last_listed[2]
+    flat, valid = tile_pixel_index(tile_ids, height, width, tile_size)
+    answer = (flat.reshape(-1), valid.reshape(-1))
+    _last_listed = (weakref.ref(tile_ids), key, answer)
+    return answer
+
+
 def gather_tiles(image: Tensor, tile_ids: Tensor, tile_size: int = TILE_SIZE) -> Tuple[Tensor, Tensor]:
     """The pixels of the listed tiles: [K, ts, ts, C] values and [K, ts, ts] validity.
 

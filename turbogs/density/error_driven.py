@@ -64,7 +64,7 @@ from turbogs.density import rows
 from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.tiles import sampled_pixels, tile_pixel_index
+from turbogs.tiles import listed_pixels, sampled_pixels
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -125,8 +125,7 @@ def tile_blame_term(out, image: Tensor, gt: Tensor, tile_ids: Tensor, mask: Opti
     if extra is None or extra.shape[-1] != PROBE_CHANNELS:
         raise ValueError(f"blame_term needs a render with extra_features = make_probe(n) ({PROBE_CHANNELS} channels)")
     height, width = extra.shape[:2]
-    flat, valid = tile_pixel_index(tile_ids, height, width)
-    flat, valid = flat.reshape(-1), valid.reshape(-1)
+    flat, valid = listed_pixels(tile_ids, height, width)
     with torch.no_grad():
         err = (image.detach().reshape(-1, image.shape[-1])[flat] - gt.reshape(-1, gt.shape[-1])[flat].to(image)).abs()
         err = err.mean(dim=-1)
