@@ -33,21 +33,118 @@ def num_sh_bases(degree: int) -> int:
     return (degree + 1) ** 2
 
 
+# Up to this many points every pair is compared; above, all pairs would grow as N^2 (a minute
+# at 100k points, hours at a million-point SfM model), and a grid search finds the same
+# neighbours, faster from a few thousand points on.
+ALL_PAIRS_POINTS = 2048
+PAIRS_PER_CHUNK = 1 << 22  # candidate pairs held at once by the grid search
+
+
 def mean_knn_distance(points: torch.Tensor, k: int = 3, chunk: int = 4096) -> torch.Tensor:
-    """Mean distance of each point to its k nearest neighbours (INRIA's distCUDA2 idea),
-    computed in chunks so that memory stays O(chunk * N)."""
+    """Root mean square distance of each point to its k nearest neighbours (INRIA's distCUDA2),
+    the initial size of a Gaussian. Exact: up to ALL_PAIRS_POINTS points by comparing every
+    pair (in chunks, memory O(chunk * N)), above by `grid_knn_distance`."""
     n = points.shape[0]
     if n <= 1:
         return torch.ones(n, dtype=points.dtype)
     k = min(k, n - 1)
+    if n > ALL_PAIRS_POINTS:
+        return grid_knn_distance(points, k)
     out = torch.empty(n, dtype=points.dtype)
     for start in range(0, n, chunk):
         block = points[start : start + chunk]
-        d2 = torch.cdist(block, points).pow_(2)
+        # the differences themselves, not |a|^2 + |b|^2 - 2ab: that cancels to noise for a tight
+        # cluster far from the origin
+        d2 = torch.cdist(block, points, compute_mode="donot_use_mm_for_euclid_dist").pow_(2)
         d2[torch.arange(block.shape[0]), torch.arange(start, start + block.shape[0])] = float("inf")
         nearest = d2.topk(k, dim=1, largest=False).values
         out[start : start + chunk] = nearest.clamp_min(1e-14).mean(dim=1).sqrt()
     return out
+
+
+def grid_knn_distance(points: torch.Tensor, k: int) -> torch.Tensor:
+    """mean_knn_distance's answer by a search in cubic cells, exact and O(N log N) for any mix
+    of densities. With cells of side c, every point within c of a point lies in the 27 cells
+    around its own, so a point whose k-th nearest candidate there is within c has its answer.
+    The cells start far finer than the points' mean spacing and double until every point has
+    one: a point in a dense cluster is answered while its cells still hold few points, one far
+    from everything when they have grown to its spacing, and no cell is searched once it is
+    crowded with points answered long before."""
+    n, device = points.shape[0], points.device
+    pts = points.double()
+    low = pts.min(dim=0).values
+    span = float((pts.max(dim=0).values - low).max())
+    out = torch.empty(n, dtype=points.dtype, device=device)
+    todo = torch.arange(n, device=device)
+    if span == 0.0:  # every point in one place
+        return out.fill_(1e-7)
+    # 64x finer than the mean spacing: a cluster that much closer-packed than the cloud still starts
+    # with a few points a cell
+    side = span / n ** (1 / 3) / 64
+    offsets = torch.stack(torch.meshgrid(*[torch.arange(-1, 2, device=device)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    while todo.numel():
+        cells = torch.floor((pts - low) / side).long()  # [N, 3]
+        stride = int(cells.max()) + 3
+        keys = ((cells[:, 0] + 1) * stride + cells[:, 1] + 1) * stride + cells[:, 2] + 1
+        order = torch.argsort(keys)
+        sorted_keys = keys[order]
+        unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        answered = []
+        for query, found, sizes in _query_chunks(todo, cells, offsets, stride, unique, counts):
+            present = sizes > 0
+            pair_query = torch.repeat_interleave(torch.arange(query.numel(), device=device), sizes.sum(1))
+            first = torch.where(present, starts[found], 0).reshape(-1)
+            cell_of_pair = torch.repeat_interleave(torch.arange(first.numel(), device=device), sizes.reshape(-1))
+            within = torch.arange(cell_of_pair.numel(), device=device) - torch.repeat_interleave(
+                torch.cumsum(sizes.reshape(-1), 0) - sizes.reshape(-1), sizes.reshape(-1))
+            candidate = order[first[cell_of_pair] + within]
+            d2 = (pts[candidate] - pts[query[pair_query]]).pow(2).sum(-1)
+            d2 = torch.where(candidate == query[pair_query], float("inf"), d2)
+            best = _k_smallest_per_query(d2, pair_query, query.numel(), k)  # [Q, k], inf where missing
+            done = torch.isfinite(best[:, -1]) & (best[:, -1] <= side * side)
+            out[query[done]] = best[done].clamp_min(1e-14).mean(dim=1).sqrt().to(out.dtype)
+            answered.append(query[done])
+        if answered:
+            finished = torch.zeros(n, dtype=torch.bool, device=device)
+            finished[torch.cat(answered)] = True
+            todo = todo[~finished[todo]]
+        side *= 2.0
+    return out
+
+
+def _query_chunks(todo, cells, offsets, stride, unique, counts):
+    """The waiting points in chunks whose candidate pairs fit PAIRS_PER_CHUNK (a point alone
+    over the limit is a chunk of its own), each with its 27 cells: their index among the
+    occupied cells [Q, 27] and how many points each holds (0: none)."""
+    around = cells[todo][:, None, :] + offsets[None]  # [T, 27, 3]
+    keys = ((around[..., 0] + 1) * stride + around[..., 1] + 1) * stride + around[..., 2] + 1
+    found = torch.searchsorted(unique, keys).clamp(max=unique.numel() - 1)
+    sizes = torch.where(unique[found] == keys, counts[found], 0)
+    start, total = 0, int(todo.numel())
+    cumulative = torch.cumsum(sizes.sum(1), 0)
+    while start < total:
+        before = int(cumulative[start - 1]) if start else 0
+        end = int(torch.searchsorted(cumulative, torch.tensor(before + PAIRS_PER_CHUNK, device=cumulative.device),
+                                     right=True))
+        end = max(end, start + 1)
+        yield todo[start:end], found[start:end], sizes[start:end]
+        start = end
+
+
+def _k_smallest_per_query(d2, pair_query, num_queries, k):
+    """[Q, k]: the k smallest d2 of each query's pairs (pairs grouped by query, ascending),
+    inf where a query has fewer."""
+    order = torch.argsort(d2)
+    order = order[torch.argsort(pair_query[order], stable=True)]  # by query, then by distance
+    grouped, values = pair_query[order], d2[order]
+    counts = torch.bincount(grouped, minlength=num_queries)
+    first = torch.cumsum(counts, 0) - counts
+    best = torch.full((num_queries, k), float("inf"), dtype=d2.dtype, device=d2.device)
+    rank = torch.arange(grouped.numel(), device=d2.device) - first[grouped]
+    keep = rank < k
+    best[grouped[keep], rank[keep]] = values[keep]
+    return best
 
 
 class Gaussians(torch.nn.Module):
