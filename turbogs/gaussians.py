@@ -33,8 +33,8 @@ def num_sh_bases(degree: int) -> int:
     return (degree + 1) ** 2
 
 
-# Up to this many points every pair is compared; above, all pairs would grow as N^2 (a minute
-# at 100k points, hours at a million-point SfM model), and a grid search finds the same
+# Up to this many points every pair is compared; above, all pairs would grow as N^2 (out of
+# reach for the millions of points of a full-size SfM model), and a grid search finds the same
 # neighbours, faster from a few thousand points on.
 ALL_PAIRS_POINTS = 2048
 PAIRS_PER_CHUNK = 1 << 22  # candidate pairs held at once by the grid search
