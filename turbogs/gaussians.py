@@ -63,13 +63,13 @@ def mean_knn_distance(points: torch.Tensor, k: int = 3, chunk: int = 4096) -> to
 
 
 def grid_knn_distance(points: torch.Tensor, k: int) -> torch.Tensor:
-    """mean_knn_distance's answer by a search in cubic cells, exact and O(N log N) for any mix
-    of densities. With cells of side c, every point within c of a point lies in the 27 cells
-    around its own, so a point whose k-th nearest candidate there is within c has its answer.
-    The cells start far finer than the points' mean spacing and double until every point has
-    one: a point in a dense cluster is answered while its cells still hold few points, one far
-    from everything when they have grown to its spacing, and no cell is searched once it is
-    crowded with points answered long before."""
+    """mean_knn_distance's answer by a search in cubic cells, exact for any mix of densities.
+    With cells of side c, every point within c of a point lies in the 27 cells around its own,
+    so a point whose k-th nearest candidate there is within c has its answer. The cells start
+    far finer than the points' mean spacing and double until every point has one: a point in a
+    dense cluster is answered while its cells still hold few points, one far from everything
+    when they have grown to its spacing; a level costs a sort of the points and the pairs of
+    the points still waiting, and a crowded cell is searched only for those beside it."""
     n, device = points.shape[0], points.device
     pts = points.double()
     low = pts.min(dim=0).values
