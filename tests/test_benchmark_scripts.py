@@ -36,9 +36,9 @@ def run_script(name, *args, timeout=240):
 def test_every_script_is_listed_here():
     assert set(SCRIPTS) == {"antialias.py", "capture_kinds.py", "cpu_kernels_ab.py", "cpu_native_step.py",
                             "cpu_roofline.py", "density_mcmc.py", "export_quality.py", "fuzz_long.py",
-                            "gloo_collectives.py", "memory_per_gaussian.py", "preemption.py", "rank_step_profile.py",
-                            "refactor_identity.py", "scaling_cpu.py", "sfm_unordered.py", "sfm_vs_shipped.py",
-                            "stop_agreement.py", "viewer_evidence.py"}, \
+                            "gloo_collectives.py", "init_sizes.py", "memory_per_gaussian.py", "preemption.py",
+                            "rank_step_profile.py", "refactor_identity.py", "scaling_cpu.py", "sfm_unordered.py",
+                            "sfm_vs_shipped.py", "stop_agreement.py", "viewer_evidence.py"}, \
         "a new script needs a smoke test here and a section in benchmarks/README.md"
     assert not [path.name for path in (REPO / "benchmarks").glob("*.py") if path.name not in SCRIPTS]
 
@@ -91,6 +91,7 @@ def test_every_script_answers_help(name):
     ("cpu_kernels_ab.py", ["--base", "HEAD", "--counts", "300", "--kinds", "turbo full", "--repeats", "1",
                            "--warmup", "1"]),
     ("cpu_roofline.py", ["--scene", DEMO, "--views", "1", "--repeats", "1"]),
+    ("init_sizes.py", ["--points", "3000", "--check", "100"]),
     ("rank_step_profile.py", ["--scene", DEMO, "-r", "2", "--views", "8", "--warmup", "2"]),
     ("stop_agreement.py", ["--steps", "2", "--repeats", "1", "--warmup", "1"]),
     ("preemption.py", [DEMO, "--trials", "1", "--window", "1,2"]),
