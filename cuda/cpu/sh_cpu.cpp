@@ -133,11 +133,11 @@ at::Tensor sh_forward(int64_t degree, const at::Tensor& dirs, const at::Tensor& 
         bool clamped;
         normalize(d + 3 * g, x, y, z, clamped);
         bases(num_bases, x, y, z, b);
-        const scalar_t* cg = cr + g * r_all * 3 - 3;  // cg[k * 3 + ch] for k >= 1
+        const scalar_t* cg = cr + g * r_all * 3;  // band k >= 1 at cg[(k - 1) * 3 + ch]
         scalar_t sum[3];
         for (int ch = 0; ch < 3; ++ch) sum[ch] = b[0] * c0[3 * g + ch];
         for (int64_t k = 1; k < num_bases; ++k)
-          for (int ch = 0; ch < 3; ++ch) sum[ch] += b[k] * cg[k * 3 + ch];
+          for (int ch = 0; ch < 3; ++ch) sum[ch] += b[k] * cg[(k - 1) * 3 + ch];
         for (int ch = 0; ch < 3; ++ch) o[3 * g + ch] = sum[ch];
       }
     });
@@ -184,13 +184,12 @@ std::vector<at::Tensor> sh_backward(int64_t degree, const at::Tensor& dirs, cons
           g0[3 * g + ch] = b[0] * vg[ch];
           vb[0] += c0[3 * g + ch] * vg[ch];
         }
-        const scalar_t* cg = cr + g * r_all * 3 - 3;  // index k * 3 + ch for k >= 1
-        scalar_t* gcg = grg - 3;
+        const scalar_t* cg = cr + g * r_all * 3;  // band k >= 1 at (k - 1) * 3 + ch, as in grg
         for (int64_t k = 1; k < num_bases; ++k) {
           vb[k] = 0;
           for (int ch = 0; ch < 3; ++ch) {
-            gcg[k * 3 + ch] = b[k] * vg[ch];
-            vb[k] += cg[k * 3 + ch] * vg[ch];
+            grg[(k - 1) * 3 + ch] = b[k] * vg[ch];
+            vb[k] += cg[(k - 1) * 3 + ch] * vg[ch];
           }
         }
         // Through the bases to the unit direction, then through the normalization:
