@@ -7,9 +7,9 @@ Each configuration trains turbo (coarse to fine off) from the same seed on --vie
 process one view a step and 2 ranks one view each a step (half the steps: equal views, so the
 same schedules and about the same Gaussian count), the first --warmup views untimed, with one
 thread a rank (gloo on 127.0.0.1, the ranks spawned here). The collective is timed around
-World.reduce_sum_and_max. A rank's wait for the
-other shows up inside the collective, so it is split into the wait (a barrier first, timed
-alone, which adds a round trip of its own) and the transfer. Every figure is the median over the
+World.reduce_sum_and_max. A rank's wait for the other shows up inside the collective, so it is
+split into the wait (a barrier first, timed alone, which adds a round trip of its own) and the
+transfer. Every figure is the median over the
 timed steps, per rank; views/s is the timed views over their seconds. A rank's renders and
 backward passes are timed through the trainer's StepObserver; the rest of the step is what is
 left (sampling, the loss, the packing around the collective, the optimizer, density control).

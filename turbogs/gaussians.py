@@ -85,10 +85,9 @@ def grid_knn_distance(points: torch.Tensor, k: int) -> torch.Tensor:
     while todo.numel():
         cells = torch.floor((pts - low) / side).long()  # [N, 3]
         stride = int(cells.max()) + 3
-        keys = ((cells[:, 0] + 1) * stride + cells[:, 1] + 1) * stride + cells[:, 2] + 1
+        keys = _cell_keys(cells, stride)
         order = torch.argsort(keys)
-        sorted_keys = keys[order]
-        unique, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
+        unique, counts = torch.unique_consecutive(keys[order], return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
         answered = []
         for query, found, sizes in _query_chunks(todo, cells, offsets, stride, unique, counts):
@@ -113,12 +112,17 @@ def grid_knn_distance(points: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
+def _cell_keys(cells: torch.Tensor, stride: int) -> torch.Tensor:
+    """One int64 per cell [..., 3] (indices from -1 up to stride - 2 on each axis), ordered as
+    the cells are, x first."""
+    return ((cells[..., 0] + 1) * stride + cells[..., 1] + 1) * stride + cells[..., 2] + 1
+
+
 def _query_chunks(todo, cells, offsets, stride, unique, counts):
     """The waiting points in chunks whose candidate pairs fit PAIRS_PER_CHUNK (a point alone
     over the limit is a chunk of its own), each with its 27 cells: their index among the
     occupied cells [Q, 27] and how many points each holds (0: none)."""
-    around = cells[todo][:, None, :] + offsets[None]  # [T, 27, 3]
-    keys = ((around[..., 0] + 1) * stride + around[..., 1] + 1) * stride + around[..., 2] + 1
+    keys = _cell_keys(cells[todo][:, None, :] + offsets[None], stride)  # [T, 27]
     found = torch.searchsorted(unique, keys).clamp(max=unique.numel() - 1)
     sizes = torch.where(unique[found] == keys, counts[found], 0)
     start, total = 0, int(todo.numel())
