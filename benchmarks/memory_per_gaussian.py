@@ -5,12 +5,13 @@ code that allocates it:
 
 - parameters: turbogs/gaussians.py (means 3, scales 3, quats 4, opacity 1, SH 3 (d+1)^2);
 - gradients: one per parameter, alive from backward until the optimizer's zero_grad;
-- optimizer state: torch's Adam (exp_avg, exp_avg_sq) or turbogs/optim/hybrid.py's HybridOptimizer
-  (exp_avg, exp_avg_sq, hessian shaped like each parameter, plus row_step and hessian_count,
-  one word per row of each of the six parameter tensors, and the curvature cache of the curved ones);
+- optimizer state: torch's Adam (exp_avg, exp_avg_sq); the hybrid (turbogs/optim/hybrid.py) is
+  Adam's for the parameters it does not curve and, for those it curves (the means by default), a
+  HybridOptimizer's: exp_avg, exp_avg_sq, hessian shaped like the parameter, row_step and
+  hessian_count (a word per row each), and its curvature cache;
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
   turbogs/density/error_driven.py (blame, weight, exposed, fade);
-- the optimizer step's transients (none for fused Adam; three copies of the parameters in the hybrid);
+- the optimizer step's transients (none for fused Adam; three copies of the curved parameters in the hybrid);
 - the render step's transients (turbogs/render/__init__.py on the gsplat 1.5.3 kernels): an
   itemised *estimate*, per Gaussian, per (Gaussian, view) and per (Gaussian, tile).
 
@@ -26,7 +27,7 @@ import argparse
 from typing import Dict
 
 from turbogs.density.error_driven import PROBE_CHANNELS
-from turbogs.gaussians import PARAM_NAMES, num_sh_bases
+from turbogs.gaussians import num_sh_bases
 from turbogs.optim.hybrid import HybridConfig
 from turbogs.training.preflight import params_per_gaussian
 
@@ -73,22 +74,27 @@ INTERSECTION_BYTES = 2 * (8 + 4)
 EXCHANGE_WORDS = (2 + 1 + 3 + 1 + 3 + PROBE_CHANNELS) + 2 + 2 * 2 + (2 + 1 + 3 + 1 + 3 + PROBE_CHANNELS)
 
 
-def curved_words() -> int:
-    """The hybrid's cache for each parameter it curves (its default `curvature_on`): the
-    bias-corrected curvature, shaped like the parameter, and one word per row (`lengthening`)."""
-    widths = {"means": 3, "scales": 3, "quats": 4, "opacities": 1, "sh0": 3}
-    return sum(widths[name] + 1 for name in HybridConfig().curvature_on)
+def curved_widths(sh_degree: int) -> Dict[str, int]:
+    """Floats per Gaussian of each parameter the hybrid curves (its default `curvature_on`)."""
+    widths = {"means": 3, "scales": 3, "quats": 4, "opacities": 1, "sh0": 3, "shN": 3 * (num_sh_bases(sh_degree) - 1)}
+    return {name: widths[name] for name in HybridConfig().curvature_on}
+
+
+def curved_words(sh_degree: int) -> int:
+    """The HybridOptimizer's own state beyond Adam's, per curved parameter: the curvature EMA
+    (`hessian`) and its bias-corrected cache, shaped like the parameter, and three words per row
+    (`row_step`, `hessian_count`, `lengthening`)."""
+    return sum(2 * width + 3 for width in curved_widths(sh_degree).values())
 
 
 def persistent_words(sh_degree: int) -> Dict[str, int]:
     """Words per Gaussian that live for the whole run (gradients: from backward to step)."""
     p = params_per_gaussian(sh_degree)
-    rows = len(PARAM_NAMES)  # one row_step and one hessian_count word per row of each tensor
     return {
         "parameters": p,
         "gradients": p,
         "Adam state (exp_avg, exp_avg_sq)": 2 * p,
-        "hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)": 3 * p + 2 * rows + curved_words(),
+        "hybrid state (Adam's, and the curved: hessian, row_step, hessian_count, cache)": 2 * p + curved_words(sh_degree),
         "density statistics (vanilla 3, error-driven 4)": 4,
     }
 
@@ -96,21 +102,21 @@ def persistent_words(sh_degree: int) -> Dict[str, int]:
 def optimizer_step_words(sh_degree: int, optimizer: str) -> int:
     """Per-Gaussian transients of the optimizer step, alive after the render's are freed.
 
-    torch's fused Adam updates in place: none. The hybrid's `_foreach` step
-    (turbogs/optim/hybrid_step.py) updates the moments and parameters in place and builds, for
-    every parameter at once, the gradients with a skipped step's zeroed (the trainer's `ok`
-    flag), the denominator and the ratio: three copies of all the parameters (59 floats at
-    degree 3). One op per stage for all six parameters is what makes it fast; a per-parameter
-    loop would hold three copies of the widest one (shN) instead."""
+    torch's fused Adam updates in place: none. The hybrid steps its uncurved parameters with fused
+    Adam and its curved ones with one `_foreach` op per stage (turbogs/optim/hybrid_step.py),
+    which updates the moments and parameters in place and builds the gradients with a skipped
+    step's zeroed (the trainer's `ok` flag), the denominator and the ratio, and while it makes
+    the denominator three more (Adam's floor, and the curvature term's bounds from below and
+    above): six copies of the curved parameters (the means: 18 floats)."""
     if optimizer == "adam":
         return 0
-    return 3 * params_per_gaussian(sh_degree)
+    return 6 * sum(curved_widths(sh_degree).values())
 
 
 def persistent_bytes(sh_degree: int, optimizer: str) -> int:
     words = persistent_words(sh_degree)
     state = words["Adam state (exp_avg, exp_avg_sq)"] if optimizer == "adam" else \
-        words["hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)"]
+        words["hybrid state (Adam's, and the curved: hessian, row_step, hessian_count, cache)"]
     return (words["parameters"] + words["gradients"] + state + words["density statistics (vanilla 3, error-driven 4)"]) * WORD
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from turbogs.bench.audit import OpCounter
-from turbogs.optim.hybrid import HybridConfig
+from turbogs.optim.hybrid import HybridConfig, HybridOptimizer
 from turbogs.optim.hybrid_step import foreach_step
 
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "opacities": (), "sh0": (1, 3), "shN": (15, 3)}
@@ -17,7 +17,11 @@ def make(seed, rows=64, config=None):
     params = {name: torch.nn.Parameter(torch.randn((rows,) + shape, generator=gen)) for name, shape in SHAPES.items()}
     rates = {name: 10 ** (-1 - 3 * float(torch.rand(1, generator=gen))) for name in SHAPES}
     config = config or HybridConfig(curvature_on=("means", "scales"))
-    return config, params, config.build(params, rates), gen
+    # A HybridOptimizer for every parameter (config.build gives the uncurved ones fused Adam):
+    # the foreach step over all six is what is tested.
+    optimizers = {name: HybridOptimizer([param], **config.optimizer_kwargs(rates[name], name in config.curvature_on))
+                  for name, param in params.items()}
+    return config, params, optimizers, gen
 
 
 def run(seed, path, oks, config=None, frozen=()):
@@ -78,13 +82,22 @@ def test_foreach_step_takes_few_ops_and_no_read():
         single_params[name].grad = param.grad.clone()
     counter = OpCounter()
     with counter, counter.in_section("step"):
-        config.step(optimizers, None, None, torch.tensor(True))
+        foreach_step(list(optimizers.values()), None, torch.tensor(True))
     single = OpCounter()
     with single, single.in_section("step"):
         for optimizer in single_optimizers.values():
             optimizer.step(ok=torch.tensor(True))
     assert not counter.reads
     assert counter.ops < single.ops / 2, (counter.ops, single.ops)
+    # The config's step (fused Adam for the uncurved parameters, the hybrid for the rest) reads nothing either.
+    built = config.build(params, {name: 1e-3 for name in params})
+    for name, param in params.items():
+        param.grad = torch.randn(param.shape, generator=gen)
+    mixed = OpCounter()
+    with mixed, mixed.in_section("step"):
+        config.step(built, None, None, torch.tensor(True))
+    assert not mixed.reads
+    assert mixed.ops < counter.ops, (mixed.ops, counter.ops)
 
 
 # --- the 3dgs preset's fused Adam, all optimizers in one pass -----------------------------

@@ -67,7 +67,7 @@ def test_parameters_and_gradients_match_the_gaussians(sh_degree):
 def test_optimizer_state_matches_adam_and_the_hybrid(sh_degree):
     words = mem.persistent_words(sh_degree)
     for config, key in ((AdamConfig(), "Adam state (exp_avg, exp_avg_sq)"),
-                        (HybridConfig(), "hybrid state (exp_avg, exp_avg_sq, hessian, row_step, hessian_count)")):
+                        (HybridConfig(), "hybrid state (Adam's, and the curved: hessian, row_step, hessian_count, cache)")):
         small, large = stepped_state_bytes(config, 7, sh_degree), stepped_state_bytes(config, 13, sh_degree)
         assert small["per_row"] == large["per_row"] == words[key] * mem.WORD, type(config).__name__
         assert small["fixed"] == large["fixed"]  # step counters and the like: not per Gaussian
@@ -118,7 +118,7 @@ class _PeakBytes(TorchDispatchMode):
         self.live -= size
 
 
-def test_hybrid_step_transients_are_three_copies_of_the_parameters():
+def test_hybrid_step_transients_are_six_copies_of_the_curved_parameters():
     n = 4000
     model = gaussians(n, 3)
     config = HybridConfig()
@@ -131,7 +131,7 @@ def test_hybrid_step_transients_are_three_copies_of_the_parameters():
         with meter:
             config.step(optimizers, torch.ones(n, dtype=torch.bool), None, ok=ok)
     words = mem.optimizer_step_words(3, "hybrid")
-    # one _foreach op per stage over every parameter: three copies of all of them at the peak
+    # fused Adam for the uncurved parameters; the curved ones' update and denominator: six copies of them
     assert words * mem.WORD * n <= meter.peak <= (words + 3) * mem.WORD * n + 4096
 
 

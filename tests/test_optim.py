@@ -21,6 +21,7 @@ import torch
 from turbogs.density import rows
 from turbogs.errors import TurboGSError
 from turbogs.gaussians import PARAM_NAMES, Gaussians
+from turbogs.optim.base import AdamConfig
 from turbogs.optim.hybrid import HybridConfig, HybridOptimizer, gauss_newton_diagonal_sample, rademacher
 
 
@@ -585,3 +586,55 @@ def test_hybrid_beats_adam_at_its_best_learning_rate(noise, tol, lrs):
         assert hybrid_steps < 0.7 * adam_steps, message
     else:
         assert hybrid_steps <= 1.05 * adam_steps, message
+
+
+def test_max_shortening_one_only_lengthens_steps():
+    """max_shortening = 1: the curvature may lengthen a step (up to max_lengthening) but
+    never shorten it below Adam's."""
+    rng = np.random.default_rng(3)
+    n = 60
+    param = torch.tensor(rng.normal(size=n), requires_grad=True)
+    optimizer = HybridOptimizer([param], lr=0.05, calibration_quantile=0.5, max_lengthening=3.0, max_shortening=1.0)
+    adam_param = param.detach().clone().requires_grad_()
+    adam = torch.optim.Adam([adam_param], lr=0.05, eps=1e-15)
+    longer = 0
+    for t in range(8):
+        grad = torch.tensor(rng.normal(size=n) * 10 ** rng.uniform(-2, 1, size=n))
+        before = param.detach().clone()
+        adam_param.data.copy_(before)
+        param.grad, adam_param.grad = grad.clone(), grad.clone()
+        optimizer.step()
+        adam.step()
+        if t % 2 == 0:
+            optimizer.update_hessian(torch.tensor(rng.uniform(0, 50, size=n) * 10 ** rng.uniform(-2, 2, size=n)))
+        ours, adams = (param.detach() - before).abs(), (adam_param.detach() - before).abs()
+        assert bool((ours >= adams * (1 - 1e-9)).all())  # never shorter than Adam's
+        assert bool((ours <= 3 * adams * (1 + 1e-9) + 1e-15).all())
+        longer += int((ours > adams * 1.01).sum())
+    assert longer > 0  # and the curvature did lengthen some
+
+
+def test_hybrid_config_steps_its_uncurved_parameters_as_fused_adam():
+    """The parameters the hybrid does not curve are torch's fused Adam, stepped exactly as the
+    Adam config steps them (the same kernel, the same bits); the curved one is a HybridOptimizer."""
+    rng = np.random.default_rng(5)
+    start = {"means": rng.normal(size=(30, 3)), "opacities": rng.normal(size=(30, 1)), "sh0": rng.normal(size=(30, 1, 3))}
+    rates = {"means": 0.01, "opacities": 0.05, "sh0": 0.0025}
+
+    def run(config):
+        params = {n: torch.tensor(v, dtype=torch.float32, requires_grad=True) for n, v in start.items()}
+        optimizers = config.build(params, rates)
+        for t in range(5):
+            for n, p in params.items():
+                p.grad = torch.tensor(np.random.default_rng(t).normal(size=p.shape), dtype=torch.float32)
+            config.step(optimizers, torch.ones(30, dtype=torch.bool), None, torch.tensor(True))
+            assert all(p.grad is None for p in params.values())  # every optimizer cleared its gradients
+        return params, optimizers
+
+    hybrid_params, hybrid_optimizers = run(HybridConfig(curvature_on=("means",)))
+    adam_params, _ = run(AdamConfig())
+    assert isinstance(hybrid_optimizers["means"], HybridOptimizer)
+    for name in ("opacities", "sh0"):
+        assert hybrid_optimizers[name].defaults["fused"]
+        assert torch.equal(hybrid_params[name], adam_params[name])
+    assert torch.allclose(hybrid_params["means"], adam_params["means"], rtol=0, atol=1e-6)  # no estimate: Adam's rule

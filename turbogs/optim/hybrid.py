@@ -56,6 +56,15 @@ it over a turbo run), so Adam's step always wins. Two options make the curvature
       P = max(kappa * h_hat, sqrt(v_hat) / L)     (rows with no estimate yet: sqrt(v_hat))
 
   so a Newton step may be up to L times Adam's, never more. L = 1 is the rule above.
+- `max_shortening` S: a ceiling S * sqrt(v_hat) on P, so a step is never shorter than 1/S of
+  Adam's. With S = 1 (the trainer's) the curvature only lengthens: the soft coordinates (a
+  Newton step longer than Adam's) go up to L times farther, the stiff ones take Adam's step.
+
+Why only lengthen: measured on the step's own view and tiles, the loss is nearly linear over
+one Adam step (a parabola through the step puts the minimum 10 to 1000 steps out), so Adam's
+steps are nowhere too long for the curvature; what limits them is the gradient's noise from
+view to view, which Adam's sqrt(v_hat) already measures. Shortening stiff coordinates then
+only slows them, and it cost more than lengthening gained (docs/RESULTS.md).
 
 Why this can help where Adam already adapts: with an L1 loss every pixel's residual weight
 has the same magnitude, so Adam's v_hat is itself a Gauss-Newton diagonal with unit
@@ -121,13 +130,14 @@ The estimator pass is one extra backward pass through the same graph, every
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from turbogs.errors import TurboGSError
-from turbogs.optim.base import OptimizerConfig, Optimizers, clear_grads
+from turbogs.optim.base import AdamConfig, OptimizerConfig, Optimizers, clear_grads
 from turbogs.optim.curvature import (calibration_quantile, colour_curvature_bound, gauss_newton_diagonal_sample,
                                      rademacher)
 from turbogs.optim.hybrid_step import assign, foreach_step, per_row, rows_and_ok, update
@@ -157,7 +167,8 @@ class HybridConfig(OptimizerConfig):
     # it is calibrated: kappa puts the median coordinate's Newton step at Adam's length, and
     # the others shorter or longer by their relative stiffness. None: the fixed kappa below.
     calibration_quantile: Optional[float] = 0.5
-    max_lengthening: float = 2.0  # a Newton step may be at most this many times Adam's
+    max_lengthening: float = 4.0  # a Newton step may be at most this many times Adam's
+    max_shortening: float = 1.0  # ... and at least 1/this of it: 1, the curvature only lengthens
     newton_fraction: float = 1 / 3  # uncalibrated only: kappa = lr / newton_fraction
     clip: Optional[float] = None  # hard bound |step| <= clip * lr
     # Update only the Gaussians visible in the step (SelectiveAdam). Off: on the CPU it lost on
@@ -188,15 +199,21 @@ class HybridConfig(OptimizerConfig):
         return dict(lr=lr, betas=self.betas, eps=self.eps, hessian_beta=self.hessian_beta,
                     curvature_scale=lr / self.newton_fraction if curved else 0.0, clip=self.clip,
                     row_bias_correction=self.row_bias_correction, max_lengthening=self.max_lengthening,
+                    max_shortening=self.max_shortening,
                     calibration_quantile=self.calibration_quantile if curved else None)
 
     # --- the optimizer hooks (turbogs/optim/base.py) --------------------------------------
     def build(self, params: Mapping[str, torch.Tensor], rates: Mapping[str, float]) -> Optimizers:
+        """A HybridOptimizer for each curved parameter. The others take Adam's steps, so they get
+        torch's fused Adam (one kernel a parameter, where the hybrid's arithmetic makes a dozen
+        passes), unless `selective` asks for visible rows only, which only the hybrid does."""
         unknown = sorted(set(self.curvature_on) - set(params))
         if unknown:
             raise TurboGSError(f"hybrid.curvature_on names unknown parameter(s) {', '.join(unknown)} "
                                f"(choose from {', '.join(params)})")
+        adam = AdamConfig(betas=self.betas, eps=self.eps)
         return {name: HybridOptimizer([param], **self.optimizer_kwargs(rates[name], curved=name in self.curvature_on))
+                if name in self.curvature_on or self.selective else adam.build({name: param}, rates)[name]
                 for name, param in params.items()}
 
     def wants_curvature(self, step: int) -> bool:
@@ -213,9 +230,13 @@ class HybridConfig(OptimizerConfig):
         return estimates
 
     def step(self, optimizers, visible, curvature, ok=None) -> None:
-        # Every optimizer's update at once, in a few _foreach ops (the arithmetic of HybridOptimizer.step).
-        foreach_step(list(optimizers.values()), visible if self.selective else None, ok)
-        for name, optimizer in optimizers.items():
+        hybrids = {name: o for name, o in optimizers.items() if isinstance(o, HybridOptimizer)}
+        adams = {name: o for name, o in optimizers.items() if name not in hybrids}
+        if adams:
+            OptimizerConfig.step(self, adams, visible, None, ok)  # fused Adam's step, clears their gradients
+        # Every hybrid's update at once, in a few _foreach ops (the arithmetic of HybridOptimizer.step).
+        foreach_step(list(hybrids.values()), visible if self.selective else None, ok)
+        for name, optimizer in hybrids.items():
             if curvature is not None and name in curvature:
                 # Rendered rows only, even without selective steps: an unseen Gaussian's
                 # zero estimate would dilute its curvature (measured: it lost on a real capture).
@@ -244,14 +265,16 @@ class HybridOptimizer(torch.optim.Optimizer):
         row_bias_correction: bool = False,
         max_lengthening: float = 1.0,
         calibration_quantile: Optional[float] = None,
+        max_shortening: float = math.inf,
     ):
         if curvature_scale is None:
             curvature_scale = 3.0 * lr  # a third of a Newton step where the curvature governs
         _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,
-                               calibration_quantile)
+                               calibration_quantile, max_shortening)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, hessian_beta=hessian_beta,
                         curvature_scale=curvature_scale, clip=clip, row_bias_correction=row_bias_correction,
-                        max_lengthening=max_lengthening, calibration_quantile=calibration_quantile)
+                        max_lengthening=max_lengthening, calibration_quantile=calibration_quantile,
+                        max_shortening=max_shortening)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for param in group["params"]:
@@ -314,13 +337,15 @@ class HybridOptimizer(torch.optim.Optimizer):
 
     def _hybrid_denominator(self, state: dict, group: dict, param: torch.Tensor, adam: torch.Tensor,
                             kappa: Union[float, torch.Tensor]) -> torch.Tensor:
-        """max(kappa * h_hat, sqrt(v_hat) / L) on rows with a curvature estimate, sqrt(v_hat) on
-        the others (a row with no estimate yet must not be lengthened). From the cache that each
-        estimate refreshes (`_refresh_curvature`): the step itself is three passes."""
+        """max(kappa * h_hat, sqrt(v_hat) / L), at most S * sqrt(v_hat), on rows with a curvature
+        estimate; sqrt(v_hat) on the others (a row with no estimate yet must not be lengthened).
+        From the cache that each estimate refreshes (`_refresh_curvature`): three or four passes."""
         if "curvature" not in state:  # a state saved before the cache existed
             self._refresh_curvature(state, group, param)
         floor = adam - adam * state["lengthening"] if group["max_lengthening"] > 1 else adam
-        return torch.maximum(floor, state["curvature"] * kappa)
+        preconditioner = torch.maximum(floor, state["curvature"] * kappa)
+        shortening = group.get("max_shortening", math.inf)  # a state saved before the option: none
+        return preconditioner if shortening == math.inf else torch.minimum(preconditioner, adam * shortening)
 
     @staticmethod
     def _refresh_curvature(state: dict, group: dict, param: torch.Tensor) -> None:
@@ -377,7 +402,7 @@ class HybridOptimizer(torch.optim.Optimizer):
 
 
 def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, max_lengthening,
-                           calibration_quantile) -> None:
+                           calibration_quantile, max_shortening=math.inf) -> None:
     """Hyperparameters come from the user's config, so a bad one is a TurboGSError."""
     problems = []
     if not lr >= 0:
@@ -394,6 +419,8 @@ def _check_hyperparameters(lr, betas, eps, hessian_beta, curvature_scale, clip, 
         problems.append(f"clip must be > 0 or None, got {clip}")
     if not max_lengthening >= 1:
         problems.append(f"max_lengthening must be >= 1, got {max_lengthening}")
+    if not max_shortening >= 1:
+        problems.append(f"max_shortening must be >= 1, got {max_shortening}")
     if calibration_quantile is not None and not 0 < calibration_quantile < 1:
         problems.append(f"calibration_quantile must be in (0, 1) or None, got {calibration_quantile}")
     if problems:
