@@ -296,7 +296,7 @@ def test_ablation_presets_switch_one_part_off():
     from dataclasses import asdict
 
     from turbogs.density.vanilla import VanillaDensityConfig
-    from turbogs.optim.hybrid import HybridConfig
+    from turbogs.optim.base import AdamConfig
     from turbogs.training.config import get_preset
 
     def described(cfg) -> dict:  # the density and optimizer settings named by their kind
@@ -310,8 +310,8 @@ def test_ablation_presets_switch_one_part_off():
         "turbo+no-sparse": {("sampler", "fraction_start"): 1.0, ("sampler", "fraction_end"): 1.0},
         "turbo+no-ncc": {("tile_loss", "lambda_ncc"): 0.0},
         "turbo+density-3dgs": {("density",): {"kind": "3dgs", **asdict(VanillaDensityConfig())}},
-        "turbo+optimizer-adam": {("optimizer",): turbo["optimizer"]},  # turbo's already
-        "turbo+optimizer-hybrid": {("optimizer",): {"kind": "hybrid", **asdict(HybridConfig())}},
+        "turbo+optimizer-adam": {("optimizer",): {"kind": "adam", **asdict(AdamConfig())}},
+        "turbo+optimizer-hybrid": {("optimizer",): turbo["optimizer"]},  # turbo's already
     }
     for name, fields in changed.items():
         variant = described(get_preset(name))

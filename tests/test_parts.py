@@ -13,7 +13,7 @@ from turbogs.cli import main
 from turbogs.formats.model_folder import read_cfg_args
 from turbogs.training.config import get_preset
 
-TURBO = {"sampler": "error-guided-tiles", "loss": "l1+dssim+ncc", "density": "error", "optimizer": "adam",
+TURBO = {"sampler": "error-guided-tiles", "loss": "l1+dssim+ncc", "density": "error", "optimizer": "hybrid",
          "coarse_to_fine": True}
 
 
@@ -28,7 +28,7 @@ def test_the_presets_name_their_parts():
     ("no-ncc", "loss", "l1+dssim"),
     ("density-3dgs", "density", "3dgs"),
     ("density-mcmc", "density", "mcmc"),
-    ("optimizer-hybrid", "optimizer", "hybrid"),
+    ("optimizer-adam", "optimizer", "adam"),
     ("no-coarse-to-fine", "coarse_to_fine", False),
 ])
 def test_each_ablation_changes_its_part_only(ablation, part, value):
@@ -39,8 +39,8 @@ def test_the_model_records_the_parts_it_trained_with(tmp_path):
     scene = small_demo(tmp_path, views=8)
     out = tmp_path / "model"
     assert main(["train", str(scene), "--out", str(out), "--steps", "12", "--eval", "--quiet",
-                 "--no-ncc", "--optimizer", "hybrid", "--density", "mcmc"]) == 0
-    expected = {**TURBO, "loss": "l1+dssim", "optimizer": "hybrid", "density": "mcmc"}
+                 "--no-ncc", "--optimizer", "adam", "--density", "mcmc"]) == 0
+    expected = {**TURBO, "loss": "l1+dssim", "optimizer": "adam", "density": "mcmc"}
     assert json.loads((out / "results.json").read_text())["parts"] == expected
     saved = read_cfg_args(out / "cfg_args")
     assert {key: saved[key] for key in expected} == expected

@@ -109,7 +109,8 @@ def _ablation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ncc", action="store_true", help="ablation: drop the NCC structure term from the tile loss")
     p.add_argument("--density", choices=["3dgs", "error", "mcmc"],
                    help="density control: INRIA's gradient rule, error-driven, or 3DGS-MCMC (relocation under a fixed cap)")
-    p.add_argument("--optimizer", choices=["adam", "hybrid"], help="Adam (both presets), or the hybrid Hessian-informed/Adam optimizer")
+    p.add_argument("--optimizer", choices=["adam", "hybrid"],
+                   help="Adam (3dgs's), or the hybrid Hessian-informed/Adam optimizer (turbo's)")
 
 
 def _rank_flags(p: argparse.ArgumentParser) -> None:
