@@ -11,7 +11,7 @@ code that allocates it:
   hessian_count (a word per row each), and its curvature cache;
 - density statistics: turbogs/density/vanilla.py (grad2d, count, max_radii2d) or
   turbogs/density/error_driven.py (blame, weight, exposed, fade);
-- the optimizer step's transients (none for fused Adam; three copies of the curved parameters in the hybrid);
+- the optimizer step's transients (none for fused Adam; six copies of the curved parameters in the hybrid);
 - the render step's transients (turbogs/render/__init__.py on the gsplat 1.5.3 kernels): an
   itemised *estimate*, per Gaussian, per (Gaussian, view) and per (Gaussian, tile).
 

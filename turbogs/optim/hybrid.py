@@ -164,8 +164,9 @@ class HybridConfig(OptimizerConfig):
     # exact Gauss-Newton bound (curvature.colour_curvature_bound) instead of a sample.
     curvature_on: Tuple[str, ...] = ("means",)
     # The curvature's absolute scale is unknown (the surrogate below is a guess), so by default
-    # it is calibrated: kappa puts the median coordinate's Newton step at Adam's length, and
-    # the others shorter or longer by their relative stiffness. None: the fixed kappa below.
+    # it is calibrated: kappa puts the median coordinate's Newton step at Adam's length, the
+    # softer ones longer (up to max_lengthening) and the stiffer ones shorter (down to Adam's step
+    # over max_shortening). None: the fixed kappa below.
     calibration_quantile: Optional[float] = 0.5
     max_lengthening: float = 4.0  # a Newton step may be at most this many times Adam's
     max_shortening: float = 1.0  # ... and at least 1/this of it: 1, the curvature only lengthens
