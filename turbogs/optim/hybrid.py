@@ -61,7 +61,7 @@ it over a turbo run), so Adam's step always wins. Two options make the curvature
   Newton step longer than Adam's) go up to L times farther, the stiff ones take Adam's step.
 
 Why only lengthen: measured on the step's own view and tiles, the loss is nearly linear over
-one Adam step (a parabola through the step puts the minimum 10 to 1000 steps out), so Adam's
+one Adam step (a parabola through the step puts the minimum many steps out), so Adam's
 steps are nowhere too long for the curvature; what limits them is the gradient's noise from
 view to view, which Adam's sqrt(v_hat) already measures. Shortening stiff coordinates then
 only slows them, and it cost more than lengthening gained (docs/RESULTS.md).
