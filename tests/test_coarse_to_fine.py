@@ -15,7 +15,7 @@ from turbogs.training.coarse_to_fine import (CoarseToFineConfig, Stage, budget_p
                                              plan_stages, spectrum_energy, start_factor, steps_made, tilt,
                                              work_shares)
 from turbogs.training.progress import WorkProgress
-from turbogs.training.step_costs import StepCosts
+from turbogs.training.step_costs import StepCosts, fastest_in_rounds
 from turbogs.training.views import TrainingViews, resize_area
 from turbogs.turbo.sampling import ErrorMemory
 
@@ -121,13 +121,39 @@ def test_a_size_not_cheaper_than_the_next_joins_it():
 
 def test_step_costs_fit_the_two_timings_and_follow_the_measured_pace():
     fixed, per_pixel = 0.003, 2e-7
-    costs = StepCosts(800, 600, lambda f: fixed + per_pixel * (800 // f) * (600 // f), 4, lambda p: 1.0)
+    def measure(factors):
+        return {f: fixed + per_pixel * (800 // f) * (600 // f) for f in factors}
+
+    costs = StepCosts(800, 600, measure, 4, lambda p: 1.0)
+    assert sorted(costs.measured) == [2, 4]
     assert costs.fixed == pytest.approx(fixed) and costs.per_pixel == pytest.approx(per_pixel)
     assert costs.predict(2, 0.5) == pytest.approx(fixed + per_pixel * 400 * 300)
     costs.observe(4, 0.2, 2 * costs.predict(4, 0.2))  # the steps cost twice the model
     assert costs.predict(1, 0.9) == pytest.approx(2 * (fixed + per_pixel * 800 * 600))
-    sparse = StepCosts(800, 600, lambda f: fixed + per_pixel * (800 // f) * (600 // f), 4, lambda p: 0.25)
+    sparse = StepCosts(800, 600, measure, 4, lambda p: 0.25)
     assert sparse.predict(1, 0.9) == pytest.approx(fixed + per_pixel * 800 * 600 / 4)
+
+
+def test_step_timings_taken_in_rounds_share_a_busy_stretch():
+    """A machine busy for the first 0.15 s slows every step three times: timed one size after the
+    other, the small size's every try falls in it (a flat cost curve, which would merge every
+    size); in rounds both sizes meet it and leave it, and the fastest of each is the true cost."""
+    clock = [0.0]
+    cost = {4: 0.01, 2: 0.03}
+
+    def time_once(factor):
+        seconds = cost[factor] * (3 if clock[0] < 0.15 else 1)
+        clock[0] += seconds
+        return seconds
+
+    fastest = fastest_in_rounds(time_once, [4, 2], seconds=0.3)
+    assert fastest == pytest.approx(cost)
+    clock[0] = 0.0
+    one_after_the_other = {f: fastest_in_rounds(time_once, [f], seconds=0.15)[f] for f in (4, 2)}
+    assert one_after_the_other[4] == pytest.approx(3 * cost[4])  # what rounds guard against
+    calls = []
+    fastest_in_rounds(lambda f: calls.append(f) or 1.0, [4, 2])  # slow steps: the minimum of rounds
+    assert calls == [4, 2] * 3
 
 
 # --- the stages' progress -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 a budget run's plan of its sizes (training/coarse_to_fine.py says why and how they are chosen).
 
 The trainer asks two things of it, at the start of a step: a budget run's first step has its
-sizes planned (`plan_budget`: a step timed at the start size and the requested one), and a size
+sizes planned (`plan_budget`: a step timed at the start size and a middle one), and a size
 that has had its time or its steps gives way to the next (`next_size`, which plans the rest of
 the budget again with the costs measured so far). Each answers the factor to train at; the
 trainer then switches its views, error memory and render mode (`Trainer.use_size`).
@@ -10,7 +10,7 @@ trainer then switches its views, error memory and render mode (`Trainer.use_size
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from turbogs.training.coarse_to_fine import Stage, describe, downscaled_size, plan_stages
 from turbogs.training.config import TrainConfig
@@ -59,13 +59,13 @@ class TrainingSizes:
         """A budget run of several sizes whose time is not split yet."""
         return self.step_costs is None and bool(self.cfg.budget_seconds) and len(self.progress.stages) > 1
 
-    def plan_budget(self, time_step: Callable[[int], float], step: int, elapsed: float) -> int:
-        """Time a step at the current (start) size and the requested one (`time_step(factor)`), split
+    def plan_budget(self, time_steps: Callable[[Sequence[int]], Dict[int, float]], step: int, elapsed: float) -> int:
+        """Time a step at the current (start) size and a middle one (`time_steps(factors)`), split
         the budget left between the sizes, and return the factor to train at (the plan may merge
         the start size into the next)."""
         sampler = self.cfg.sampler if self.cfg.error_guided else None
         tile_share = sampler.fraction_at if sampler is not None else (lambda progress: 1.0)
-        self.step_costs = StepCosts(self.width, self.height, time_step, self.progress.stage.factor, tile_share)
+        self.step_costs = StepCosts(self.width, self.height, time_steps, self.progress.stage.factor, tile_share)
         return self._replan(step, elapsed)
 
     def next_size(self, step: int, elapsed: float, progress: float) -> int:

@@ -18,22 +18,41 @@ in the two timings), and the rest of the budget is planned again.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from turbogs.training.coarse_to_fine import CoarseToFineConfig, Stage, budget_plan, downscaled_size, merge_costly
 
 MAX_CORRECTION = 20.0  # a measured pace over the prediction is trusted within this factor either way
 
 
-class StepCosts:
-    """`measure(factor) -> seconds` for one render, loss and backward at that size (all tiles);
-    `tile_share(progress)` the share of the tiles a step renders at that progress."""
+def fastest_in_rounds(time_once: Callable[[int], float], factors: Sequence[int], min_rounds: int = 3,
+                      max_rounds: int = 20, seconds: float = 0.2) -> Dict[int, float]:
+    """The fastest of several timings `time_once(factor)` of each factor, taken in rounds of one
+    each: at least `min_rounds`, and as many more as fit in `seconds` (up to `max_rounds`; the
+    first pays for allocations, and a cheap step needs many tries to find one nothing slowed).
+    Why rounds: a busy machine (another process, another rank still loading) slows a stretch of
+    time, not a size. Timed one size after the other, such a stretch can cover every try of the
+    small size and none of the large one's, and the plan reads a step that costs the same at
+    every size; in rounds both sizes share the stretch, and their ratio, which the plan uses, holds."""
+    times: Dict[int, List[float]] = {factor: [] for factor in factors}
+    spent, rounds = 0.0, 0
+    while rounds < min_rounds or (spent < seconds and rounds < max_rounds):
+        for factor in factors:
+            times[factor].append(time_once(factor))
+            spent += times[factor][-1]
+        rounds += 1
+    return {factor: min(taken) for factor, taken in times.items()}
 
-    def __init__(self, width: int, height: int, measure: Callable[[int], float], start_factor: int,
-                 tile_share: Callable[[float], float]):
+
+class StepCosts:
+    """`measure(factors) -> {factor: seconds}` for one render, loss and backward at each size
+    (all tiles); `tile_share(progress)` the share of the tiles a step renders at that progress."""
+
+    def __init__(self, width: int, height: int, measure: Callable[[Sequence[int]], Dict[int, float]],
+                 start_factor: int, tile_share: Callable[[float], float]):
         self.width, self.height, self.tile_share = width, height, tile_share
         factors = sorted({start_factor, max(1, round(start_factor ** 0.5))}, reverse=True)  # coarsest first
-        self.measured = {factor: measure(factor) for factor in factors}
+        self.measured = measure(factors)
         small_factor, large_factor = factors[0], factors[-1]
         small_seconds, large_seconds = self.measured[small_factor], self.measured[large_factor]
         small, large = self.pixels(small_factor), self.pixels(large_factor)

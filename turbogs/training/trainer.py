@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -43,6 +43,7 @@ from turbogs.training.observer import StepObserver
 from turbogs.training.progress import WorkProgress
 from turbogs.training.running_stats import RunningStats
 from turbogs.training.sizes import TrainingSizes, run_stages
+from turbogs.training.step_costs import fastest_in_rounds
 from turbogs.training.start import initial_gaussians, make_optimizers
 from turbogs.training.stop import StopAgreement, StopRequest, StopSignals
 from turbogs.training.views import TrainingViews, ViewOrder, photo_alphas
@@ -267,7 +268,7 @@ class Trainer:
         A budget run with several sizes first measures a step's cost at its sizes, and plans them;
         a size that has had its time or steps gives way to the next. Both count in the budget."""
         if self.sizes.needs_plan:
-            self.elapsed += timed(lambda: self.use_size(self.sizes.plan_budget(self._time_step, self.step,
+            self.elapsed += timed(lambda: self.use_size(self.sizes.plan_budget(self._time_steps, self.step,
                                                                                self.elapsed)), self.device)
             self.log(self.sizes.summary())
         if self.work.stage_over(self.step, self.elapsed):
@@ -292,16 +293,14 @@ class Trainer:
         small = factor > 1 and self.cfg.coarse_to_fine.antialiased_small
         self.gaussians.antialiased = self.cfg.antialiased or small
 
-    def _time_step(self, factor: int) -> float:
-        """Seconds of one render, loss and backward at this size: the fastest of at least three
-        and of as many more as fit in a tenth of a second (the first pays for allocations, and a
-        busy machine slows some: a cheap step needs many tries to find one it did not); rank 0's,
-        so that every rank plans the same sizes."""
-        views = self.train_views if factor == self.size_factor else self.sizes.views(factor)
-        times = []
-        while len(times) < 3 or (sum(times) < 0.1 and len(times) < 20):
-            times.append(timed(lambda: self._render_backward(views), self.device))
-        return self.world.broadcast_float(min(times))
+    def _time_steps(self, factors: Sequence[int]) -> Dict[int, float]:
+        """Seconds of one render, loss and backward at each size, the fastest of several taken in
+        rounds (training/step_costs.py says why); rank 0's, so that every rank plans the same
+        sizes, after a barrier, so that no rank times while another is still setting up."""
+        views = {f: self.train_views if f == self.size_factor else self.sizes.views(f) for f in factors}
+        self.world.barrier()
+        fastest = fastest_in_rounds(lambda f: timed(lambda: self._render_backward(views[f]), self.device), factors)
+        return {factor: self.world.broadcast_float(seconds) for factor, seconds in fastest.items()}
 
     def apply_schedules(self, progress: float) -> None:
         """Position learning-rate decay and SH growth, both as functions of progress."""
