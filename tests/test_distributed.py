@@ -4,11 +4,13 @@ The end-to-end tests start real ranks through `turbogs train --nproc 2` (torch.d
 elastic launcher, gloo), as a user would; the collectives are also tested on their own.
 """
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -182,6 +184,39 @@ def test_collectives_sum_gather_compare_and_agree(tmp_path):
     assert results[0]["check"][0] == "TurboGSError" and results[1]["check"][0] == "PeerStopped"
     assert results[0]["agree"] == ("TurboGSError", "rank 1: bad capture")
     assert results[1]["agree"][0] == "PeerStopped" and PeerStopped.quiet
+
+
+def _three_ranks(rank: int, init_file: str, results) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    world = World(rank, 3, rank, "gloo")
+    # 1, 1e8 and -1e8 held by the ranks in every order: in float32, 1e8 + 1 rounds back to 1e8, so
+    # each order of adding gives its own pattern of 0s and 1s
+    orders = list(itertools.permutations([1.0, 1e8, -1e8]))
+    summed = torch.tensor([order[rank] for order in orders] + [float(rank)])
+    maxed = torch.tensor([float(rank == 1)])
+    world.reduce_sum_and_max(summed, maxed)
+    no_max = torch.tensor([order[rank] for order in orders])
+    world.reduce_sum_and_max(no_max, torch.zeros(0))
+    results[rank] = {"summed": summed.tolist(), "maxed": maxed.tolist(), "no_max": no_max.tolist(),
+                     "gathered": [g.tolist() for g in world.all_gather(torch.tensor([rank, -rank]))]}
+    world.close()
+    exit_rank(0)
+
+
+def test_three_ranks_add_in_rank_order_and_gather_in_it():
+    """On gloo the ranks exchange their buffers and each adds them up itself (World.reduce_sum_and_max):
+    the order is the ranks', so every rank holds the same bits."""
+    results = mp.Manager().dict()
+    with tempfile.TemporaryDirectory() as scratch:
+        mp.spawn(_three_ranks, args=(os.path.join(scratch, "init"), results), nprocs=3, join=True)
+    in_rank_order = [float((torch.tensor(a) + torch.tensor(b)) + torch.tensor(c))
+                     for a, b, c in itertools.permutations([1.0, 1e8, -1e8])]
+    assert sorted(set(in_rank_order)) == [0.0, 1.0]  # the orders differ
+    for rank in range(3):
+        assert results[rank]["summed"] == in_rank_order + [3.0]
+        assert results[rank]["maxed"] == [1.0]
+        assert results[rank]["no_max"] == in_rank_order
+        assert results[rank]["gathered"] == [[0, 0], [1, -1], [2, -2]]
 
 
 def test_one_process_is_a_world_of_one():

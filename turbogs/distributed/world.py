@@ -64,36 +64,51 @@ class World:
 
     def reduce_sum_and_max(self, summed: torch.Tensor, maxed: torch.Tensor) -> None:
         """In place: `summed` summed and `maxed` maximised over the ranks (1-D float32), the
-        same bits on every rank, in one collective where the backend makes that cheaper.
+        same bits on every rank, in one exchange of messages where the backend makes that cheaper.
 
-        Why: on gloo (the CPU) every collective costs about a millisecond of round trips
-        however small it is, so a second, tiny MAX all-reduce after the SUM nearly doubles
-        the step's communication (benchmarks/gloo_collectives.py: 2 ranks, 90k floats,
-        SUM then MAX 1.4-2.4 ms against 0.9-1.1 for the SUM alone and 1.4 for one all-gather
-        of both). So with a MAX part the CPU gathers both buffers once and adds them up
-        itself, in rank order; without one it keeps the all-reduce, which sends less.
-        NCCL's collectives cost microseconds: GPUs keep two all-reduces."""
+        Why: on gloo (the CPU) every collective pays round trips however small it is, and its
+        all-reduce and all-gather take several times longer than sending the buffer to the
+        other rank and receiving theirs (benchmarks/gloo_collectives.py). So on gloo every rank
+        gathers the buffers, both parts in one, by `all_gather`'s exchange, and adds them up
+        itself, in rank order, so that every rank gets the same bits. That sends each buffer to
+        every other rank, more than a ring all-reduce for many ranks, less time for the few a
+        CPU run has. NCCL's collectives cost microseconds: GPUs keep the all-reduces."""
         if self.size == 1:
             return
-        if self.backend == "nccl" or not maxed.numel():
+        if self.backend != "gloo":
             self.all_reduce(summed, "sum")
             if maxed.numel():
                 self.all_reduce(maxed, "max")
             return
-        ranks = self.all_gather(torch.cat([summed, maxed]))
-        total, peak = ranks[0][: summed.numel()].clone(), ranks[0][summed.numel():].clone()
-        for other in ranks[1:]:  # in rank order: every rank adds the same numbers the same way
-            total += other[: summed.numel()]
-            peak = torch.maximum(peak, other[summed.numel():])
+        ranks = self.all_gather(torch.cat([summed, maxed]) if maxed.numel() else summed)
+        count = summed.numel()
+        total = ranks[0][:count] + ranks[1][:count]  # in rank order: every rank adds the same numbers the same way
+        peak = torch.maximum(ranks[0][count:], ranks[1][count:])
+        for other in ranks[2:]:
+            total += other[:count]
+            peak = torch.maximum(peak, other[count:])
         summed.copy_(total)
         maxed.copy_(peak)
 
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
-        """Every rank's `tensor` (same shape on every rank), in rank order."""
+        """Every rank's `tensor` (same shape on every rank), in rank order (this rank's entry is
+        `tensor` itself).
+
+        On gloo, by sending `tensor` to every other rank and receiving theirs (one message each
+        way per pair) rather than gloo's all-gather: between two ranks the exchange takes a
+        fraction of the all-gather's time for the step's flat buffer (benchmarks/gloo_collectives.py).
+        For the few ranks of one machine or a few, the pairs cost less than the ring's rounds."""
         if self.size == 1:
             return [tensor]
         gathered = [torch.empty_like(tensor) for _ in range(self.size)]
-        self._collective(torch.distributed.all_gather, gathered, tensor)
+        if self.backend != "gloo":
+            self._collective(torch.distributed.all_gather, gathered, tensor)
+            return gathered
+        gathered[self.rank] = tensor
+        peers = [rank for rank in range(self.size) if rank != self.rank]
+        operations = ([torch.distributed.P2POp(torch.distributed.isend, tensor, peer) for peer in peers]
+                      + [torch.distributed.P2POp(torch.distributed.irecv, gathered[peer], peer) for peer in peers])
+        self._collective(lambda: [work.wait() for work in torch.distributed.batch_isend_irecv(operations)])
         return gathered
 
     def broadcast_float(self, value: float) -> float:
