@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from turbogs.errors import TurboGSError
-from turbogs.tiles import listed_pixels, sampled_pixels
+from turbogs.tiles import listed_pixels, listed_values, sampled_pixels
 
 ImageLike = Union[torch.Tensor, np.ndarray]
 
@@ -97,12 +97,15 @@ def sampled_psnr_tensor(image: torch.Tensor, gt: torch.Tensor, tile_mask: Option
     step on a quarter of the tiles pays a quarter of the image's worth."""
     image = image.detach()
     if tile_ids is not None and tile_mask is not None:
+        # One sum over pixels and channels, not a mean over each pixel's 3 channels first: a
+        # reduction over 3 values a row is several times slower on the CPU, for the same value.
         flat, valid = listed_pixels(tile_ids, image.shape[0], image.shape[1])
         if mask is not None:
-            valid = valid & (mask.reshape(-1)[flat] > 0.5)
-        pixels = image.reshape(-1, image.shape[-1])[flat].clamp(0, 1)
-        error = (pixels - gt.reshape(-1, gt.shape[-1])[flat].to(pixels)).pow(2).mean(dim=-1)
-        mse = torch.where(valid, error, 0.0).sum() / valid.sum()
+            valid = valid & (listed_values(mask, flat).reshape(-1) > 0.5)
+        pixels = listed_values(image, flat).clamp(0, 1)
+        diff = pixels - listed_values(gt, flat).to(pixels)
+        channels = image.shape[-1]
+        mse = torch.where(valid[:, None], diff * diff, 0.0).sum() / (valid.sum() * channels)
         return -10 * torch.log10(mse.clamp_min(1e-10))
     image = image.clamp(0, 1)
     if tile_mask is None and mask is None:  # every pixel (the 3dgs step)

@@ -64,6 +64,13 @@ def listed_pixels(tile_ids: Tensor, height: int, width: int, tile_size: int = TI
     return answer
 
 
+def listed_values(values: Tensor, flat: Tensor) -> Tensor:
+    """[M, C]: the pixels of an [H, W, C] (or [H, W]: C = 1) tensor at listed_pixels' `flat`
+    indices. By index_select, not values[flat]: the same values and gradient, several times
+    faster on the CPU, and every step reads the sampled tiles this way more than once."""
+    return values.reshape(values.shape[0] * values.shape[1], -1).index_select(0, flat)
+
+
 def gather_tiles(image: Tensor, tile_ids: Tensor, tile_size: int = TILE_SIZE) -> Tuple[Tensor, Tensor]:
     """The pixels of the listed tiles: [K, ts, ts, C] values and [K, ts, ts] validity.
 

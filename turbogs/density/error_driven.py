@@ -64,7 +64,7 @@ from turbogs.density import rows
 from turbogs.density.base import DensityConfig, DensityStep, Strategy, check_rows
 from turbogs.errors import InputError
 from turbogs.gaussians import Gaussians
-from turbogs.tiles import listed_pixels, sampled_pixels
+from turbogs.tiles import listed_pixels, listed_values, sampled_pixels
 
 PROBE_CHANNELS = 2  # extra render channels: 0 = error-weighted, 1 = plain blending weight
 
@@ -127,14 +127,13 @@ def tile_blame_term(out, image: Tensor, gt: Tensor, tile_ids: Tensor, mask: Opti
     height, width = extra.shape[:2]
     flat, valid = listed_pixels(tile_ids, height, width)
     with torch.no_grad():
-        err = (image.detach().reshape(-1, image.shape[-1])[flat] - gt.reshape(-1, gt.shape[-1])[flat].to(image)).abs()
-        err = err.mean(dim=-1)
+        err = (listed_values(image.detach(), flat) - listed_values(gt, flat).to(image)).abs().mean(dim=-1)
         if mask is not None:
-            err = err * mask.reshape(-1)[flat].to(err)
+            err = err * listed_values(mask, flat).reshape(-1).to(err)
         targets = torch.stack([err, torch.ones_like(err)], dim=-1).to(extra.dtype)  # [M, 2]
     zero = torch.zeros((), dtype=extra.dtype, device=extra.device)
     # torch.where, not a product: what the gather read past the edge, and anything undefined, never counts
-    picked = torch.where(valid[:, None], extra.reshape(-1, PROBE_CHANNELS)[flat], zero)
+    picked = torch.where(valid[:, None], listed_values(extra, flat), zero)
     return (picked * torch.where(valid[:, None], targets, zero)).sum()
 
 
