@@ -96,8 +96,8 @@ class World:
 
         On gloo, by sending `tensor` to every other rank and receiving theirs (one message each
         way per pair) rather than gloo's all-gather: between two ranks the exchange takes a
-        fraction of the all-gather's time for the step's flat buffer (benchmarks/gloo_collectives.py).
-        For the few ranks of one machine or a few, the pairs cost less than the ring's rounds."""
+        fraction of the all-gather's time for the step's flat buffer (benchmarks/gloo_collectives.py,
+        two ranks). Each rank sends W - 1 copies: for many ranks a ring would send less."""
         if self.size == 1:
             return [tensor]
         gathered = [torch.empty_like(tensor) for _ in range(self.size)]
